@@ -1,0 +1,40 @@
+# Developer entry points. `make test` and `make demo` work on a fresh clone.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup test lint typecheck unit demo bench schemas clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)  ## create .venv with the package and its development tools
+
+lint: setup
+	$(BIN)/ruff check evaluator tests bench
+	$(BIN)/ruff format --check evaluator tests bench
+
+typecheck: setup
+	$(BIN)/mypy
+
+unit: setup
+	$(BIN)/pytest
+
+test: lint typecheck unit  ## everything CI runs
+
+demo: setup  ## evaluate the bundled example events
+	$(BIN)/evaluator replay examples/impressions.jsonl examples/interactions.jsonl
+
+bench: setup
+	$(BIN)/python bench/bench_ndcg.py
+	$(BIN)/python bench/bench_replay.py
+
+schemas: setup  ## regenerate schemas/*.schema.json from the event models
+	$(BIN)/evaluator schema --out-dir schemas
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

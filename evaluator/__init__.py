@@ -1,0 +1,3 @@
+"""recsys-evaluator: a streaming online evaluator for recommender systems."""
+
+__version__ = "0.1.0"

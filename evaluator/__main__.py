@@ -1,0 +1,5 @@
+"""Allow ``python -m evaluator``."""
+
+from evaluator.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""CLI subcommands: each wires adapters to the core for one job."""

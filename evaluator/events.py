@@ -1,0 +1,214 @@
+"""The event contract: impression and interaction models, decoding and validation.
+
+Decoding and schema validation happen in one pass with msgspec. Semantic checks
+(empty or over-long lists, duplicate items, unknown interaction types, negative
+watch time) follow. An invalid event never raises: it becomes an
+:class:`InvalidEvent` carrying its index in the input and the reason, so every
+caller (file replay, Kafka consumer, simulator) counts and dead-letters the same way.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Annotated
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+from evaluator.relevance import RelevanceProfile
+from evaluator.timeutil import datetime_to_ms
+
+Timestamp = int | Annotated[datetime, msgspec.Meta(tz=True)]
+"""Epoch milliseconds, or an RFC 3339 string with a timezone."""
+
+NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class Impression(msgspec.Struct, frozen=True):
+    """A ranked list shown to a user; ``items[0]`` is position 1."""
+
+    event_id: NonEmptyStr
+    request_id: NonEmptyStr
+    user_id: NonEmptyStr
+    variant: NonEmptyStr
+    timestamp: Timestamp
+    items: list[str]
+    experiment: str | None = None
+    surface: str | None = None
+    item_attributes: dict[str, list[str]] | None = None
+    """Per-attribute lists parallel to ``items``, e.g. ``{"category": ["shoes", ...]}``."""
+
+
+class Interaction(msgspec.Struct, frozen=True):
+    """A user's action on an item: click, add_to_cart, purchase, watch ..."""
+
+    event_id: NonEmptyStr
+    user_id: NonEmptyStr
+    item_id: NonEmptyStr
+    type: NonEmptyStr
+    timestamp: Timestamp
+    request_id: str | None = None
+    watch_time: float | None = None
+    """Milliseconds watched (video profile)."""
+    duration: float | None = None
+    """Milliseconds of content (video profile); the profile's target duration otherwise."""
+
+
+class InvalidReason(enum.StrEnum):
+    """Why an event was rejected; used as a bounded metric label and DLQ header."""
+
+    UNDECODABLE = "undecodable"
+    MISSING_FIELD = "missing_field"
+    INVALID_FIELD = "invalid_field"
+    EMPTY_LIST = "empty_list"
+    DUPLICATE_ITEM = "duplicate_item"
+    LIST_TOO_LONG = "list_too_long"
+    UNKNOWN_INTERACTION_TYPE = "unknown_interaction_type"
+    NEGATIVE_WATCH_TIME = "negative_watch_time"
+
+
+@dataclass(frozen=True, slots=True)
+class InvalidEvent:
+    """An input that failed decoding or validation; ``index`` is its position in the input."""
+
+    index: int
+    reason: InvalidReason
+    detail: str
+
+
+@dataclass(slots=True)
+class ImpressionBatch:
+    """Valid impressions in input order, timestamps normalised to epoch ms."""
+
+    events: list[Impression] = field(default_factory=list)
+    timestamp_ms: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class InteractionBatch:
+    """Valid interactions in input order with their relevance grade under the active profile."""
+
+    events: list[Interaction] = field(default_factory=list)
+    timestamp_ms: list[int] = field(default_factory=list)
+    grade: list[float] = field(default_factory=list)
+
+    def grades(self) -> npt.NDArray[np.float64]:
+        return np.asarray(self.grade, dtype=np.float64)
+
+
+_IMPRESSION_DECODER = msgspec.json.Decoder(Impression)
+_INTERACTION_DECODER = msgspec.json.Decoder(Interaction)
+
+
+def _decode_error(index: int, exc: msgspec.DecodeError) -> InvalidEvent:
+    message = str(exc)
+    if isinstance(exc, msgspec.ValidationError):
+        if "missing required field" in message:
+            return InvalidEvent(index, InvalidReason.MISSING_FIELD, message)
+        return InvalidEvent(index, InvalidReason.INVALID_FIELD, message)
+    return InvalidEvent(index, InvalidReason.UNDECODABLE, message)
+
+
+def to_ms(value: int | datetime) -> int:
+    """Normalise a decoded :data:`Timestamp` to epoch milliseconds."""
+    return value if isinstance(value, int) else datetime_to_ms(value)
+
+
+def check_impression(event: Impression, max_list_length: int) -> tuple[InvalidReason, str] | None:
+    """Semantic checks that the schema cannot express; ``None`` when valid."""
+    items = event.items
+    if not items:
+        return InvalidReason.EMPTY_LIST, "items is empty"
+    if len(items) > max_list_length:
+        return (
+            InvalidReason.LIST_TOO_LONG,
+            f"{len(items)} items > max_list_length {max_list_length}",
+        )
+    if len(set(items)) != len(items):
+        return InvalidReason.DUPLICATE_ITEM, "an item appears twice in items"
+    if event.item_attributes:
+        for name, values in event.item_attributes.items():
+            if len(values) != len(items):
+                return (
+                    InvalidReason.INVALID_FIELD,
+                    f"item_attributes.{name} has {len(values)} values for {len(items)} items",
+                )
+    return None
+
+
+def check_interaction(
+    event: Interaction, profile: RelevanceProfile
+) -> tuple[InvalidReason, str] | None:
+    """Semantic checks under ``profile``; ``None`` when valid."""
+    if event.watch_time is not None and event.watch_time < 0:
+        return InvalidReason.NEGATIVE_WATCH_TIME, f"watch_time {event.watch_time} < 0"
+    if not profile.accepts(event.type):
+        return (
+            InvalidReason.UNKNOWN_INTERACTION_TYPE,
+            f"type {event.type!r} is not graded by profile {profile.name!r}",
+        )
+    if profile.kind == "video" and event.watch_time is None:
+        return InvalidReason.MISSING_FIELD, "watch_time is required by the video profile"
+    if event.duration is not None and event.duration <= 0:
+        return InvalidReason.INVALID_FIELD, f"duration {event.duration} <= 0"
+    return None
+
+
+def decode_impressions(
+    raw: Sequence[bytes], max_list_length: int = 1000, base_index: int = 0
+) -> tuple[ImpressionBatch, list[InvalidEvent]]:
+    """Decode and validate JSON impressions; invalid ones are returned, never raised."""
+    batch = ImpressionBatch()
+    invalid: list[InvalidEvent] = []
+    decode = _IMPRESSION_DECODER.decode
+    for offset, payload in enumerate(raw):
+        index = base_index + offset
+        try:
+            event = decode(payload)
+        except msgspec.DecodeError as exc:
+            invalid.append(_decode_error(index, exc))
+            continue
+        problem = check_impression(event, max_list_length)
+        if problem is not None:
+            invalid.append(InvalidEvent(index, *problem))
+            continue
+        batch.events.append(event)
+        batch.timestamp_ms.append(to_ms(event.timestamp))
+    return batch, invalid
+
+
+def decode_interactions(
+    raw: Sequence[bytes], profile: RelevanceProfile, base_index: int = 0
+) -> tuple[InteractionBatch, list[InvalidEvent]]:
+    """Decode, validate and grade JSON interactions; invalid ones are returned, never raised."""
+    batch = InteractionBatch()
+    invalid: list[InvalidEvent] = []
+    decode = _INTERACTION_DECODER.decode
+    grade = profile.grade
+    for offset, payload in enumerate(raw):
+        index = base_index + offset
+        try:
+            event = decode(payload)
+        except msgspec.DecodeError as exc:
+            invalid.append(_decode_error(index, exc))
+            continue
+        problem = check_interaction(event, profile)
+        if problem is not None:
+            invalid.append(InvalidEvent(index, *problem))
+            continue
+        batch.events.append(event)
+        batch.timestamp_ms.append(to_ms(event.timestamp))
+        batch.grade.append(grade(event.type, event.watch_time, event.duration))
+    return batch, invalid
+
+
+def json_schemas() -> dict[str, dict[str, object]]:
+    """JSON Schema documents for the two event types, generated from the models."""
+    return {
+        "impression": msgspec.json.schema(Impression),
+        "interaction": msgspec.json.schema(Interaction),
+    }

@@ -1,0 +1,122 @@
+"""Join rules: which impression an interaction is attributed to.
+
+The rules are defined on event time only, so the result does not depend on the
+order in which events arrive. That is what lets the live pipeline and
+``evaluator replay`` agree.
+
+* An interaction at time t may be attributed to an impression at time s when
+  ``s - max_clock_skew <= t <= s + attribution_window``.
+* With a ``request_id`` it joins that request, provided the item was in its list.
+* Without one it joins the same user's most recent impression (largest s, ties
+  broken by the larger request id) that contains the item and whose window
+  holds t.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+
+@dataclass(frozen=True, slots=True)
+class JoinRules:
+    """Attribution window and tolerated clock skew, in milliseconds."""
+
+    attribution_window_ms: int = 30 * 60_000
+    max_clock_skew_ms: int = 5_000
+
+    def __post_init__(self) -> None:
+        if self.attribution_window_ms <= 0:
+            raise ValueError("attribution_window must be > 0")
+        if self.max_clock_skew_ms < 0:
+            raise ValueError("max_clock_skew must be >= 0")
+
+
+class JoinOutcome(enum.StrEnum):
+    """What happened to one interaction; every non-attributed outcome is counted."""
+
+    ATTRIBUTED = "attributed"
+    NO_IMPRESSION = "no_impression"
+    """No impression with that request id, or none at all for that user."""
+    NOT_IN_LIST = "not_in_list"
+    """The impression(s) did not show the item."""
+    OUTSIDE_WINDOW = "outside_window"
+    """The item was shown, but not within the attribution window."""
+
+
+def in_window(interaction_ms: int, impression_ms: int, rules: JoinRules) -> bool:
+    """Whether an interaction time falls in an impression's attribution window."""
+    return (
+        impression_ms - rules.max_clock_skew_ms
+        <= interaction_ms
+        <= impression_ms + rules.attribution_window_ms
+    )
+
+
+def in_window_mask(
+    interaction_ms: npt.NDArray[np.int64], impression_ms: npt.NDArray[np.int64], rules: JoinRules
+) -> npt.NDArray[np.bool_]:
+    """Vectorised :func:`in_window`."""
+    lo = impression_ms - rules.max_clock_skew_ms
+    hi = impression_ms + rules.attribution_window_ms
+    return (interaction_ms >= lo) & (interaction_ms <= hi)
+
+
+def impression_range(interaction_ms: int, rules: JoinRules) -> tuple[int, int]:
+    """Impression times [lo, hi] whose window contains ``interaction_ms``."""
+    return (
+        interaction_ms - rules.attribution_window_ms,
+        interaction_ms + rules.max_clock_skew_ms,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One of a user's impressions, as seen by the user-based join."""
+
+    timestamp_ms: int
+    request_id: str
+    items: Sequence[str]
+
+
+def join_by_request(
+    item_id: str, interaction_ms: int, candidate: Candidate | None, rules: JoinRules
+) -> tuple[JoinOutcome, int]:
+    """Join to a named request; returns the outcome and the 0-based position."""
+    if candidate is None:
+        return JoinOutcome.NO_IMPRESSION, -1
+    try:
+        position = candidate.items.index(item_id)
+    except ValueError:
+        return JoinOutcome.NOT_IN_LIST, -1
+    if not in_window(interaction_ms, candidate.timestamp_ms, rules):
+        return JoinOutcome.OUTSIDE_WINDOW, -1
+    return JoinOutcome.ATTRIBUTED, position
+
+
+def join_by_user(
+    item_id: str, interaction_ms: int, candidates: Sequence[Candidate], rules: JoinRules
+) -> tuple[JoinOutcome, int, int]:
+    """Join to the user's most recent impression that showed the item in the window.
+
+    ``candidates`` must be sorted by ``(timestamp_ms, request_id)``. Returns the
+    outcome, the index of the chosen candidate and the 0-based position.
+    """
+    if not candidates:
+        return JoinOutcome.NO_IMPRESSION, -1, -1
+    lo, hi = impression_range(interaction_ms, rules)
+    end = bisect.bisect_right(candidates, hi, key=lambda c: c.timestamp_ms)
+    for idx in range(end - 1, -1, -1):
+        cand = candidates[idx]
+        if cand.timestamp_ms < lo:
+            break
+        if item_id in cand.items:
+            return JoinOutcome.ATTRIBUTED, idx, cand.items.index(item_id)
+    if any(item_id in c.items for c in candidates):
+        return JoinOutcome.OUTSIDE_WINDOW, -1, -1
+    return JoinOutcome.NOT_IN_LIST, -1, -1

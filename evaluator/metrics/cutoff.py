@@ -1,0 +1,53 @@
+"""Binary-relevance metrics at cutoffs: MRR@K, HitRate@K, Precision@K, Recall@K.
+
+An item is relevant when its grade is above zero. Precision@K divides by K even
+when the list is shorter (as trec_eval's P_k does). Recall@K divides by the
+number of relevant items shown in the whole list; it is 0 when there are none,
+and callers decide whether such requests count (the zero-relevance policy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class CutoffScores:
+    """Per-request scores, each of shape ``(rows, len(ks))``."""
+
+    mrr: FloatArray
+    hit_rate: FloatArray
+    precision: FloatArray
+    recall: FloatArray
+
+
+def cutoff_scores(grades: FloatArray, ks: Sequence[int]) -> CutoffScores:
+    """MRR, hit rate, precision and recall at every cutoff in ``ks``."""
+    if not ks or any(k < 1 for k in ks):
+        raise ValueError(f"cutoffs must be positive integers, got {list(ks)}")
+    relevant = np.asarray(grades) > 0
+    rows, width = relevant.shape
+    max_k = max(ks)
+    top = np.zeros((rows, max_k), dtype=bool)
+    take = min(max_k, width)
+    top[:, :take] = relevant[:, :take]
+
+    karr = np.asarray(ks)
+    hits = np.cumsum(top, axis=1, dtype=np.int64)[:, karr - 1]
+    first = np.where(top.any(axis=1), top.argmax(axis=1), max_k)
+    mrr = np.where(first[:, None] < karr[None, :], 1.0 / (first[:, None] + 1.0), 0.0)
+    total = relevant.sum(axis=1, dtype=np.int64)[:, None]
+    recall = np.zeros(hits.shape, dtype=np.float64)
+    np.divide(hits, total, out=recall, where=total > 0)
+    return CutoffScores(
+        mrr=mrr,
+        hit_rate=(hits > 0).astype(np.float64),
+        precision=hits / karr[None, :].astype(np.float64),
+        recall=recall,
+    )

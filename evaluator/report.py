@@ -1,0 +1,189 @@
+"""Reports of evaluated requests: the JSON contract of ``evaluator replay`` and a readable table."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from evaluator.aggregate import Moments
+from evaluator.config import Settings
+from evaluator.metrics.composite import composite_score
+from evaluator.metrics.setlevel import (
+    coverage,
+    distinct_items,
+    encode_attribute,
+    intra_list_diversity,
+)
+from evaluator.replay import ScoredRequests, moments_by_variant_cohort
+from evaluator.scoring import METRICS, RequestScores
+
+COHORT_NAMES = {1: "cold_start", 2: "established"}
+
+
+@dataclass(slots=True)
+class EventCounts:
+    """Input-side counters reported beside the metrics."""
+
+    impressions: int = 0
+    interactions: int = 0
+    invalid_by_reason: Counter[str] = field(default_factory=Counter)
+    invalid_samples: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _finite(value: float) -> float | None:
+    return None if math.isnan(value) else float(value)
+
+
+def _metric_block(moments: Moments, group: int, ks: tuple[int, ...], policy: str) -> dict[str, Any]:
+    means = moments.means("skip" if policy == "skip" else "count")[group]
+    columns = RequestScores.columns(ks)
+    block: dict[str, Any] = {
+        "requests": int(moments.count[group]),
+        "engaged": int(moments.engaged[group]),
+        "unengaged": int(moments.count[group] - moments.engaged[group]),
+    }
+    for metric in METRICS:
+        block[metric] = {str(k): _finite(means[columns.index((metric, k))]) for k in ks}
+    return block
+
+
+def _attribute_values(scored: ScoredRequests, rows: np.ndarray, name: str) -> list[list[str]]:
+    batch = scored.requests.batch
+    out: list[list[str]] = []
+    for r in rows:
+        attrs = batch.events[scored.requests.rows[r]].item_attributes or {}
+        out.append(attrs.get(name, []))
+    return out
+
+
+def set_level(scored: ScoredRequests, settings: Settings) -> dict[str, dict[str, Any]]:
+    """Coverage@K and intra-list diversity@K per variant."""
+    batch = scored.requests.batch
+    lists = [batch.events[i].items for i in scored.requests.rows]
+    catalog = settings.metrics.catalog_size or len(distinct_items(lists))
+    out: dict[str, dict[str, Any]] = {}
+    for code, variant in enumerate(scored.variant_names):
+        rows = np.flatnonzero(scored.variant == code)
+        mine = [lists[r] for r in rows]
+        attrs = _attribute_values(scored, rows, settings.metrics.diversity_attribute)
+        cov: dict[str, float | None] = {}
+        div: dict[str, float | None] = {}
+        for k in settings.metrics.k:
+            cov[str(k)] = coverage(len(distinct_items(mine, k)), catalog)
+            ild = intra_list_diversity(encode_attribute(attrs, k))
+            div[str(k)] = _finite(float(np.nanmean(ild))) if np.isfinite(ild).any() else None
+        out[variant] = {"coverage": cov, "diversity": div, "catalog_size": catalog}
+    return out
+
+
+def _composite(block: dict[str, Any], weights: dict[str, float]) -> float | None:
+    values: dict[str, float] = {}
+    for name in weights:
+        metric, _, k = name.partition("@")
+        entry = block.get(metric)
+        value = entry.get(k) if isinstance(entry, dict) else entry
+        values[name] = float("nan") if value is None else float(value)
+    return _finite(composite_score(values, weights))
+
+
+def build_report(
+    scored: ScoredRequests,
+    outcomes: Counter[str],
+    duplicates: int,
+    counts: EventCounts,
+    settings: Settings,
+) -> dict[str, Any]:
+    """The replay report; its keys are a contract other tools read (see docs/replay.md)."""
+    ks = tuple(settings.metrics.k)
+    policy = settings.metrics.zero_relevance
+    overall, by_cohort = moments_by_variant_cohort(scored)
+    setlevel = set_level(scored, settings)
+    variants: dict[str, Any] = {}
+    for code, name in enumerate(scored.variant_names):
+        block = _metric_block(overall, code, ks, policy)
+        block.update(setlevel[name])
+        block["composite"] = _composite(block, settings.metrics.composite)
+        block["cohorts"] = {
+            label: _metric_block(by_cohort, code * 3 + cohort, ks, policy)
+            for cohort, label in COHORT_NAMES.items()
+        }
+        variants[name] = block
+    unmatched = {k: v for k, v in outcomes.items() if k != "attributed"}
+    return {
+        "variants": variants,
+        "events": {
+            "impressions": counts.impressions,
+            "interactions": counts.interactions,
+            "invalid": sum(counts.invalid_by_reason.values()),
+            "invalid_by_reason": dict(sorted(counts.invalid_by_reason.items())),
+            "attributed": outcomes.get("attributed", 0),
+            "unmatched": sum(unmatched.values()),
+            "unmatched_by_reason": dict(sorted(unmatched.items())),
+            "duplicates": duplicates,
+            "late": 0,
+        },
+        "invalid_lines": counts.invalid_samples,
+        "settings": {
+            "k": list(ks),
+            "gain": settings.metrics.gain,
+            "relevance": settings.relevance.profile,
+            "propensity": settings.propensity.build().name,
+            "zero_relevance": policy,
+            "attribution_window_ms": settings.join.rules().attribution_window_ms,
+        },
+    }
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    return str(value)
+
+
+def render_table(report: dict[str, Any]) -> str:
+    """A readable summary: one row per variant and cohort, then the event counters."""
+    ks = report["settings"]["k"]
+    header = ["variant", "cohort", "requests", "engaged"]
+    for k in ks:
+        header += [f"nDCG@{k}", f"adj@{k}", f"MRR@{k}", f"Hit@{k}"]
+    header += ["cov@" + str(ks[0]), "div@" + str(ks[0]), "composite"]
+    rows: list[list[str]] = [header]
+    for name, block in report["variants"].items():
+        for cohort, sub in [("all", block), *block["cohorts"].items()]:
+            row = [name, cohort, _fmt(sub["requests"]), _fmt(sub["engaged"])]
+            for k in ks:
+                key = str(k)
+                row += [_fmt(sub[m][key]) for m in ("ndcg", "ndcg_adjusted", "mrr", "hit_rate")]
+            if cohort == "all":
+                first = str(ks[0])
+                row += [_fmt(block["coverage"][first]), _fmt(block["diversity"][first])]
+                row += [_fmt(block["composite"])]
+            else:
+                row += ["", "", ""]
+            rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = [
+        "  ".join(
+            c.rjust(w) if j > 1 else c.ljust(w)
+            for j, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+        for r in rows
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    ev = report["events"]
+    lines.append("")
+    lines.append(
+        f"events: {ev['impressions']} impressions, {ev['interactions']} interactions, "
+        f"{ev['attributed']} attributed, {ev['unmatched']} unmatched, "
+        f"{ev['duplicates']} duplicates, {ev['invalid']} invalid"
+    )
+    for title, key in (("unmatched", "unmatched_by_reason"), ("invalid", "invalid_by_reason")):
+        if ev[key]:
+            lines.append(f"  {title}: " + ", ".join(f"{r}={n}" for r, n in ev[key].items()))
+    return "\n".join(lines)

@@ -1,0 +1,45 @@
+"""Time values inside the core: integer epoch milliseconds and durations in milliseconds."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_duration_ms(value: str | int) -> int:
+    """Parse ``"30m"``, ``"5s"``, ``"250ms"``, ``"1.5h"`` or an integer of milliseconds.
+
+    Raises ``ValueError`` for anything else, including negative durations.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"negative duration: {value}")
+        return value
+    match = _DURATION.match(value)
+    if match is None:
+        raise ValueError(f"not a duration: {value!r} (use e.g. 250ms, 5s, 30m, 24h, 7d)")
+    number, unit = match.groups()
+    return round(float(number) * _UNIT_MS[unit or "ms"])
+
+
+def format_duration_ms(ms: int) -> str:
+    """Shortest exact spelling of a duration, e.g. 1800000 -> ``"30m"``."""
+    for unit in ("d", "h", "m", "s"):
+        size = _UNIT_MS[unit]
+        if ms and ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
+def datetime_to_ms(value: datetime) -> int:
+    """Epoch milliseconds of a timezone-aware datetime (sub-millisecond parts truncated)."""
+    return (value - _EPOCH) // _ONE_MS
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_ONE_MS = timedelta(milliseconds=1)

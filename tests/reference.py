@@ -1,0 +1,60 @@
+"""Straightforward, independent reference implementations used to check the vectorised core.
+
+They follow the textbook definitions one list at a time and share no code with
+``evaluator``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+
+def gain(rel: float, kind: str) -> float:
+    return 2.0**rel - 1.0 if kind == "exponential" else float(rel)
+
+
+def dcg(gains: Sequence[float], k: int) -> float:
+    return sum(g / math.log2(i + 2) for i, g in enumerate(gains[:k]))
+
+
+def ndcg(
+    grades: Sequence[float],
+    k: int,
+    kind: str = "exponential",
+    weights: Sequence[float] | None = None,
+) -> float:
+    gains = [gain(r, kind) for r in grades]
+    if weights is not None:
+        gains = [g * weights[i] for i, g in enumerate(gains)]
+    ideal = dcg(sorted(gains, reverse=True), k)
+    return dcg(gains, k) / ideal if ideal > 0 else 0.0
+
+
+def mrr(grades: Sequence[float], k: int) -> float:
+    for i, r in enumerate(grades[:k]):
+        if r > 0:
+            return 1.0 / (i + 1)
+    return 0.0
+
+
+def hits(grades: Sequence[float], k: int) -> int:
+    return sum(1 for r in grades[:k] if r > 0)
+
+
+def recall(grades: Sequence[float], k: int) -> float:
+    total = sum(1 for r in grades if r > 0)
+    return hits(grades, k) / total if total else 0.0
+
+
+def rbo_ext(a: Sequence[str], b: Sequence[str], p: float) -> float:
+    """Webber et al. (2010) eq. 32, with overlaps taken by set intersection at each depth."""
+    s_list, l_list = (a, b) if len(a) <= len(b) else (b, a)
+    s, ln = len(s_list), len(l_list)
+
+    def x(d: int) -> int:
+        return len(set(s_list[: min(d, s)]) & set(l_list[:d]))
+
+    total = sum(x(d) / d * p**d for d in range(1, ln + 1))
+    total += sum(x(s) * (d - s) / (s * d) * p**d for d in range(s + 1, ln + 1))
+    return (1 - p) / p * total + ((x(ln) - x(s)) / ln + x(s) / s) * p**ln

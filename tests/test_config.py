@@ -1,0 +1,81 @@
+import pytest
+
+from evaluator.config import ConfigError, env_overrides, load_settings
+from evaluator.propensity import PowerLaw
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "evaluator.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults() -> None:
+    s = load_settings(environ={})
+    assert s.metrics.k == [10, 20]
+    assert s.join.rules().attribution_window_ms == 30 * 60_000
+    assert s.join.rules().max_clock_skew_ms == 5_000
+    assert s.relevance.active().name == "ecommerce"
+    assert s.cold_start.min_relevant_history == 3
+    assert s.events.max_list_length == 1000
+
+
+def test_file_env_and_overrides_in_that_order(tmp_path) -> None:
+    path = write(
+        tmp_path, '[metrics]\nk = [5]\ngain = "linear"\n[join]\nattribution_window = "1h"\n'
+    )
+    env = {"EVALUATOR_METRICS__K": "[3, 7]", "EVALUATOR_PROPENSITY__MODEL": "power(1.0)"}
+    s = load_settings(path, environ=env, overrides={"join": {"attribution_window": "10m"}})
+    assert s.metrics.k == [3, 7]
+    assert s.metrics.gain == "linear"
+    assert s.join.rules().attribution_window_ms == 600_000
+    assert s.scoring().propensity == PowerLaw(1.0)
+
+
+def test_custom_relevance_profile(tmp_path) -> None:
+    path = write(
+        tmp_path,
+        '[relevance]\nprofile = "mine"\n'
+        "[relevance.profiles.mine]\ngrades = { like = 1, share = 4 }\n",
+    )
+    profile = load_settings(path, environ={}).relevance.active()
+    assert profile.grade("share") == 4
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("[metrics]\nk = [0]", "metrics"),
+        ('[metrics]\ngain = "cubic"', "metrics.gain"),
+        ('[join]\nattribution_window = "forever"', "join"),
+        ("[metrics]\nkk = 1", "metrics"),
+        ('[relevance]\nprofile = "nope"', "relevance"),
+        ('[propensity]\nmodel = "magic"', "propensity"),
+        ("[bogus]\nx = 1", "(top level)"),
+    ],
+)
+def test_errors_name_the_key(tmp_path, text: str, key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, text), environ={})
+    message = str(info.value)
+    assert "\n" not in message
+    assert f"at {key}:" in message
+
+
+def test_missing_and_malformed_files(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_settings(tmp_path / "missing.toml", environ={})
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_settings(write(tmp_path, "[metrics"), environ={})
+
+
+def test_env_overrides_parse_values() -> None:
+    tree = env_overrides(
+        {
+            "EVALUATOR_METRICS__K": "[10]",
+            "EVALUATOR_JOIN__MAX_CLOCK_SKEW": "2s",
+            "OTHER": "x",
+            "EVALUATOR_NOSECTION": "y",
+        }
+    )
+    assert tree == {"metrics": {"k": [10]}, "join": {"max_clock_skew": "2s"}}

@@ -1,0 +1,100 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from evaluator.events import InvalidReason, decode_impressions, decode_interactions, json_schemas
+from evaluator.relevance import BUILTIN_PROFILES
+
+ECOM = BUILTIN_PROFILES["ecommerce"]
+VIDEO = BUILTIN_PROFILES["video"]
+
+
+def imp(**kw) -> bytes:
+    base = {
+        "event_id": "e",
+        "request_id": "r",
+        "user_id": "u",
+        "variant": "A",
+        "timestamp": 1_700_000_000_000,
+        "items": ["a", "b"],
+    }
+    base.update(kw)
+    return json.dumps({k: v for k, v in base.items() if v is not ...}).encode()
+
+
+def inter(**kw) -> bytes:
+    base = {
+        "event_id": "e",
+        "user_id": "u",
+        "item_id": "a",
+        "type": "click",
+        "timestamp": 1_700_000_000_000,
+    }
+    base.update(kw)
+    return json.dumps({k: v for k, v in base.items() if v is not ...}).encode()
+
+
+def test_valid_impression_with_rfc3339_timestamp() -> None:
+    batch, invalid = decode_impressions([imp(timestamp="2023-11-14T22:13:20.123+00:00")])
+    assert invalid == []
+    assert batch.timestamp_ms == [1_700_000_000_123]
+    batch, _ = decode_impressions([imp(timestamp="2023-11-14T23:13:20+01:00")])
+    assert batch.timestamp_ms == [1_700_000_000_000]
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (b"{not json", InvalidReason.UNDECODABLE),
+        (b"", InvalidReason.UNDECODABLE),
+        (imp(user_id=...), InvalidReason.MISSING_FIELD),
+        (imp(items=[]), InvalidReason.EMPTY_LIST),
+        (imp(items=["a", "b", "a"]), InvalidReason.DUPLICATE_ITEM),
+        (imp(items=[f"i{n}" for n in range(6)]), InvalidReason.LIST_TOO_LONG),
+        (imp(timestamp="2023-11-14T22:13:20"), InvalidReason.INVALID_FIELD),  # no timezone
+        (imp(items="a,b"), InvalidReason.INVALID_FIELD),
+        (imp(item_attributes={"category": ["x"]}), InvalidReason.INVALID_FIELD),
+        (imp(variant=""), InvalidReason.INVALID_FIELD),
+    ],
+)
+def test_invalid_impressions(payload: bytes, reason: InvalidReason) -> None:
+    batch, invalid = decode_impressions([imp(), payload], max_list_length=5)
+    assert len(batch.events) == 1
+    assert [(i.index, i.reason) for i in invalid] == [(1, reason)]
+
+
+@pytest.mark.parametrize(
+    ("payload", "profile", "reason"),
+    [
+        (inter(type="teleport"), ECOM, InvalidReason.UNKNOWN_INTERACTION_TYPE),
+        (inter(watch_time=-1), ECOM, InvalidReason.NEGATIVE_WATCH_TIME),
+        (inter(item_id=...), ECOM, InvalidReason.MISSING_FIELD),
+        (inter(type="watch"), VIDEO, InvalidReason.MISSING_FIELD),
+        (inter(type="watch", watch_time=5, duration=0), VIDEO, InvalidReason.INVALID_FIELD),
+        (b"[1, 2]", ECOM, InvalidReason.INVALID_FIELD),
+    ],
+)
+def test_invalid_interactions(payload: bytes, profile, reason: InvalidReason) -> None:
+    _, invalid = decode_interactions([payload], profile)
+    assert [i.reason for i in invalid] == [reason]
+
+
+def test_interactions_are_graded() -> None:
+    batch, invalid = decode_interactions(
+        [inter(type="purchase"), inter(type="add_to_cart"), inter(type="click")], ECOM
+    )
+    assert invalid == []
+    assert batch.grade == [3.0, 2.0, 1.0]
+    video, _ = decode_interactions(
+        [inter(type="watch", watch_time=15_000), inter(type="watch", watch_time=9, duration=10)],
+        VIDEO,
+    )
+    assert video.grade == pytest.approx([0.5, 0.9])
+
+
+def test_committed_schemas_match_the_models() -> None:
+    root = Path(__file__).resolve().parents[1] / "schemas"
+    for name, schema in json_schemas().items():
+        committed = json.loads((root / f"{name}.schema.json").read_text())
+        assert committed == json.loads(json.dumps(schema)), f"run `make schemas` ({name})"

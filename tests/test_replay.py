@@ -1,0 +1,134 @@
+"""`evaluator replay` end to end, as a user runs it, checked against a naive oracle."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from evaluator.cli import main
+from evaluator.propensity import PowerLaw, ips_weights
+from tests.eventgen import generate, naive_evaluate
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def replay_json(capsys, *args: str) -> dict:
+    assert main(["replay", *args, "--output", "json", "--no-progress"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("seed", [11, 12])
+def test_replay_matches_the_naive_oracle(tmp_path, capsys, seed: int) -> None:
+    events = generate(seed)
+    imp, inter = events.write(tmp_path)
+    report = replay_json(capsys, str(imp), str(inter), "--k", "5", "--k", "10")
+    want = naive_evaluate(events, k=10)
+    assert set(report["variants"]) == set(want["ndcg"])
+    for variant, block in report["variants"].items():
+        assert block["requests"] == want["requests"][variant]
+        assert block["ndcg"]["10"] == pytest.approx(want["ndcg"][variant], abs=1e-12)
+        assert block["ndcg_adjusted"] == block["ndcg"]
+        for cohort in ("cold_start", "established"):
+            assert block["cohorts"][cohort]["requests"] == want["cohorts"][variant][cohort]
+    ev = report["events"]
+    assert ev["attributed"] == want["outcomes"]["attributed"]
+    unmatched = {k: v for k, v in want["outcomes"].items() if k != "attributed"}
+    assert ev["unmatched_by_reason"] == unmatched
+    dupes = (len(events.impressions) - sum(want["requests"].values())) + (
+        len(events.interactions) - sum(want["outcomes"].values())
+    )
+    assert ev["duplicates"] == dupes
+
+
+def test_adjusted_ndcg_uses_the_propensity_model(tmp_path, capsys) -> None:
+    events = generate(5)
+    imp, inter = events.write(tmp_path)
+    report = replay_json(capsys, str(imp), str(inter), "--k", "10", "--propensity", "power(1.0)")
+    weights = list(ips_weights(PowerLaw(1.0), 30, 0.05))
+    want = naive_evaluate(events, k=10, weights=weights)
+    for variant, block in report["variants"].items():
+        assert block["ndcg_adjusted"]["10"] == pytest.approx(want["ndcg"][variant], abs=1e-12)
+        assert block["ndcg_adjusted"]["10"] != pytest.approx(block["ndcg"]["10"])
+
+
+def test_skip_policy_changes_only_the_denominator(tmp_path, capsys) -> None:
+    imp, inter = generate(3).write(tmp_path)
+    counted = replay_json(capsys, str(imp), str(inter))
+    skipped = replay_json(capsys, str(imp), str(inter), "--zero-relevance", "skip")
+    for variant, block in counted["variants"].items():
+        other = skipped["variants"][variant]
+        assert other["engaged"] == block["engaged"] and other["unengaged"] == block["unengaged"]
+        ratio = block["requests"] / block["engaged"]
+        assert other["ndcg"]["10"] == pytest.approx(block["ndcg"]["10"] * ratio)
+
+
+def test_every_kind_of_bad_line_is_counted_and_located(capsys) -> None:
+    report = replay_json(
+        capsys, str(EXAMPLES / "impressions.jsonl"), str(EXAMPLES / "interactions.jsonl")
+    )
+    ev = report["events"]
+    assert ev["invalid_by_reason"] == {
+        "duplicate_item": 1,
+        "empty_list": 1,
+        "invalid_field": 1,
+        "list_too_long": 1,
+        "missing_field": 2,
+        "negative_watch_time": 1,
+        "undecodable": 2,
+        "unknown_interaction_type": 1,
+    }
+    assert ev["invalid"] == 10
+    located = {(Path(s["file"]).name, s["line"], s["reason"]) for s in report["invalid_lines"]}
+    assert ("impressions.jsonl", 7, "empty_list") in located
+    assert ("interactions.jsonl", 12, "undecodable") in located
+    assert ev["duplicates"] == 2
+    assert set(report["variants"]) == {"A", "B"}
+
+
+def test_gzip_input_and_table_output(tmp_path, capsys) -> None:
+    imp_gz = tmp_path / "imp.jsonl.gz"
+    imp_gz.write_bytes(gzip.compress((EXAMPLES / "impressions.jsonl").read_bytes()))
+    assert main(["replay", str(imp_gz), str(EXAMPLES / "interactions.jsonl")]) == 0
+    out = capsys.readouterr().out
+    assert "nDCG@10" in out and "invalid lines (10)" in out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["replay", "missing.jsonl", "also-missing.jsonl"],
+        [
+            "replay",
+            str(EXAMPLES / "impressions.jsonl"),
+            str(EXAMPLES / "interactions.jsonl"),
+            "--propensity",
+            "magic",
+        ],
+        [
+            "replay",
+            str(EXAMPLES / "impressions.jsonl"),
+            str(EXAMPLES / "interactions.jsonl"),
+            "--attribution-window",
+            "soon",
+        ],
+        [
+            "replay",
+            str(EXAMPLES / "impressions.jsonl"),
+            str(EXAMPLES / "interactions.jsonl"),
+            "--relevance",
+            "nope",
+        ],
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(args: list[str]) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "evaluator", *args], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("evaluator: error:")
+    assert proc.stdout == ""

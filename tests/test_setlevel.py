@@ -1,0 +1,59 @@
+import numpy as np
+import pytest
+
+from evaluator.metrics.composite import composite_score
+from evaluator.metrics.setlevel import (
+    coverage_exact,
+    coverage_sketch,
+    encode_attribute,
+    intra_list_diversity,
+)
+from evaluator.sketch import HyperLogLog, hash_strings
+
+
+def test_coverage_exact() -> None:
+    lists = [["a", "b", "c"], ["b", "d"], ["e"]]
+    assert coverage_exact(lists, 10) == pytest.approx(0.5)
+    assert coverage_exact(lists, 10, k=1) == pytest.approx(0.3)  # a, b, e
+    assert coverage_exact(lists, 0) == 0.0
+
+
+def test_sketch_is_close_to_exact_on_a_large_set() -> None:
+    lists = [[f"item-{i * 7 + j}" for j in range(20)] for i in range(20_000)]
+    exact = coverage_exact(lists, 200_000)
+    assert coverage_sketch(lists, 200_000) == pytest.approx(exact, rel=0.03)
+
+
+def test_sketch_small_counts_and_merge() -> None:
+    a, b = HyperLogLog(12), HyperLogLog(12)
+    a.add([f"x{i}" for i in range(300)])
+    b.add([f"x{i}" for i in range(200, 700)])
+    assert a.count() == pytest.approx(300, rel=0.03)
+    a.merge(b)
+    assert a.count() == pytest.approx(700, rel=0.03)
+    with pytest.raises(ValueError):
+        a.merge(HyperLogLog(10))
+
+
+def test_hash_is_stable_across_batches_and_unicode_safe() -> None:
+    alone = hash_strings(["ünïcode-é"])[0]
+    among_longer = hash_strings(["short", "ünïcode-é", "a much longer neighbour string"])[1]
+    assert alone == among_longer
+    assert len(set(hash_strings([f"k{i}" for i in range(10_000)]).tolist())) == 10_000
+
+
+def test_intra_list_diversity_hand_computed() -> None:
+    codes = encode_attribute([["x", "x", "y"], ["x"], ["a", "b", "c", "d"]], k=3)
+    ild = intra_list_diversity(codes)
+    # list 1: pairs (x,x) same, (x,y) diff, (x,y) diff -> 2/3; list 2: one item -> NaN;
+    # list 3 cut at 3: all different -> 1
+    assert ild[0] == pytest.approx(2 / 3)
+    assert np.isnan(ild[1])
+    assert ild[2] == 1.0
+
+
+def test_composite() -> None:
+    values = {"ndcg@10": 0.5, "coverage@10": 0.25, "diversity@10": 1.0}
+    weights = {"ndcg@10": 0.7, "coverage@10": 0.2, "diversity@10": 0.1}
+    assert composite_score(values, weights) == pytest.approx(0.35 + 0.05 + 0.1)
+    assert np.isnan(composite_score({"ndcg@10": 0.5}, weights))
