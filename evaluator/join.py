@@ -75,48 +75,50 @@ def impression_range(interaction_ms: int, rules: JoinRules) -> tuple[int, int]:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """One of a user's impressions, as seen by the user-based join."""
-
-    timestamp_ms: int
-    request_id: str
-    items: Sequence[str]
-
-
 def join_by_request(
-    item_id: str, interaction_ms: int, candidate: Candidate | None, rules: JoinRules
+    item_id: str,
+    interaction_ms: int,
+    impression_ms: int | None,
+    items: Sequence[str] | None,
+    rules: JoinRules,
 ) -> tuple[JoinOutcome, int]:
-    """Join to a named request; returns the outcome and the 0-based position."""
-    if candidate is None:
+    """Join to a named request (``items`` is None when it is unknown).
+
+    Returns the outcome and the 0-based position of the item.
+    """
+    if items is None or impression_ms is None:
         return JoinOutcome.NO_IMPRESSION, -1
     try:
-        position = candidate.items.index(item_id)
+        position = items.index(item_id)
     except ValueError:
         return JoinOutcome.NOT_IN_LIST, -1
-    if not in_window(interaction_ms, candidate.timestamp_ms, rules):
+    if not in_window(interaction_ms, impression_ms, rules):
         return JoinOutcome.OUTSIDE_WINDOW, -1
     return JoinOutcome.ATTRIBUTED, position
 
 
 def join_by_user(
-    item_id: str, interaction_ms: int, candidates: Sequence[Candidate], rules: JoinRules
+    item_id: str,
+    interaction_ms: int,
+    timestamps: Sequence[int],
+    lists: Sequence[Sequence[str]],
+    rules: JoinRules,
 ) -> tuple[JoinOutcome, int, int]:
     """Join to the user's most recent impression that showed the item in the window.
 
-    ``candidates`` must be sorted by ``(timestamp_ms, request_id)``. Returns the
-    outcome, the index of the chosen candidate and the 0-based position.
+    ``timestamps`` and ``lists`` describe the user's impressions sorted by
+    ``(timestamp, request_id)``. Returns the outcome, the index of the chosen
+    impression and the 0-based position of the item in it.
     """
-    if not candidates:
+    if not timestamps:
         return JoinOutcome.NO_IMPRESSION, -1, -1
     lo, hi = impression_range(interaction_ms, rules)
-    end = bisect.bisect_right(candidates, hi, key=lambda c: c.timestamp_ms)
-    for idx in range(end - 1, -1, -1):
-        cand = candidates[idx]
-        if cand.timestamp_ms < lo:
+    for idx in range(bisect.bisect_right(timestamps, hi) - 1, -1, -1):
+        if timestamps[idx] < lo:
             break
-        if item_id in cand.items:
-            return JoinOutcome.ATTRIBUTED, idx, cand.items.index(item_id)
-    if any(item_id in c.items for c in candidates):
+        items = lists[idx]
+        if item_id in items:
+            return JoinOutcome.ATTRIBUTED, idx, items.index(item_id)
+    if any(item_id in items for items in lists):
         return JoinOutcome.OUTSIDE_WINDOW, -1, -1
     return JoinOutcome.NOT_IN_LIST, -1, -1

@@ -16,8 +16,8 @@ import numpy.typing as npt
 from evaluator.aggregate import Moments, group_moments
 from evaluator.cohort import COLD_START, ESTABLISHED, cohort_codes, earlier_counts
 from evaluator.config import Settings
-from evaluator.events import ImpressionBatch, InteractionBatch
-from evaluator.join import Candidate, JoinOutcome, join_by_request, join_by_user
+from evaluator.events import Impression, ImpressionBatch, InteractionBatch
+from evaluator.join import JoinOutcome, join_by_request, join_by_user
 from evaluator.scoring import RequestScores, score_sparse
 
 I64 = npt.NDArray[np.int64]
@@ -27,27 +27,29 @@ I64 = npt.NDArray[np.int64]
 class Requests:
     """Deduplicated impressions as columns; row r is request r."""
 
-    batch: ImpressionBatch
-    rows: list[int]
-    """Index into ``batch`` of each kept impression."""
-    by_request: dict[str, int]
-    duplicates: int
+    events: list[Impression] = field(default_factory=list)
+    timestamp_ms: list[int] = field(default_factory=list)
+    by_request: dict[str, int] = field(default_factory=dict)
+    by_user: dict[str, list[int]] = field(default_factory=dict)
+    duplicates: int = 0
 
 
 def dedupe_impressions(batch: ImpressionBatch) -> Requests:
     """Keep the first impression per ``event_id`` and per ``request_id``."""
     seen_events: set[str] = set()
-    by_request: dict[str, int] = {}
-    rows: list[int] = []
-    duplicates = 0
-    for i, event in enumerate(batch.events):
+    out = Requests()
+    by_request, by_user = out.by_request, out.by_user
+    for event, ts in zip(batch.events, batch.timestamp_ms, strict=True):
         if event.event_id in seen_events or event.request_id in by_request:
-            duplicates += 1
+            out.duplicates += 1
             continue
         seen_events.add(event.event_id)
-        by_request[event.request_id] = len(rows)
-        rows.append(i)
-    return Requests(batch, rows, by_request, duplicates)
+        row = len(out.events)
+        by_request[event.request_id] = row
+        by_user.setdefault(event.user_id, []).append(row)
+        out.events.append(event)
+        out.timestamp_ms.append(ts)
+    return out
 
 
 @dataclass(slots=True)
@@ -64,18 +66,15 @@ class Attribution:
     """Every valid, first-seen interaction with grade > 0 (the cold-start history)."""
 
 
-def _user_candidates(requests: Requests) -> dict[str, tuple[list[Candidate], list[int]]]:
-    batch = requests.batch
-    grouped: dict[str, list[tuple[int, str, int]]] = {}
-    for row, i in enumerate(requests.rows):
-        event = batch.events[i]
-        grouped.setdefault(event.user_id, []).append((batch.timestamp_ms[i], event.request_id, row))
-    out: dict[str, tuple[list[Candidate], list[int]]] = {}
-    for user, entries in grouped.items():
-        entries.sort()
-        cands = [Candidate(ts, rid, batch.events[requests.rows[r]].items) for ts, rid, r in entries]
-        out[user] = (cands, [r for _, _, r in entries])
-    return out
+UserImpressions = tuple[list[int], list[list[str]], list[int]]
+"""A user's impressions sorted by (time, request id): timestamps, item lists, rows."""
+
+
+def _user_impressions(requests: Requests, user: str) -> UserImpressions:
+    rows = requests.by_user.get(user, [])
+    ts, events = requests.timestamp_ms, requests.events
+    rows = sorted(rows, key=lambda r: (ts[r], events[r].request_id))
+    return [ts[r] for r in rows], [events[r].items for r in rows], rows
 
 
 def attribute(
@@ -83,9 +82,10 @@ def attribute(
 ) -> Attribution:
     """Apply the join rules to every interaction, ignoring duplicate event ids."""
     rules = settings.join.rules()
-    batch = requests.batch
-    by_user = _user_candidates(requests)
+    events, times = requests.events, requests.timestamp_ms
+    user_cache: dict[str, UserImpressions] = {}
     result = Attribution()
+    outcomes: Counter[str] = result.outcomes
     seen: set[str] = set()
     for event, ts, grade in zip(
         interactions.events, interactions.timestamp_ms, interactions.grade, strict=True
@@ -99,17 +99,22 @@ def attribute(
             result.relevant_ms.append(ts)
         if event.request_id:
             row = requests.by_request.get(event.request_id, -1)
-            cand = None
-            if row >= 0:
-                i = requests.rows[row]
-                cand = Candidate(batch.timestamp_ms[i], event.request_id, batch.events[i].items)
-            outcome, pos = join_by_request(event.item_id, ts, cand, rules)
+            known = row >= 0
+            outcome, pos = join_by_request(
+                event.item_id,
+                ts,
+                times[row] if known else None,
+                events[row].items if known else None,
+                rules,
+            )
         else:
-            cands, cand_rows = by_user.get(event.user_id, ([], []))
-            outcome, idx, pos = join_by_user(event.item_id, ts, cands, rules)
-            row = cand_rows[idx] if idx >= 0 else -1
-        result.outcomes[outcome] += 1
-        if outcome is JoinOutcome.ATTRIBUTED:
+            mine = user_cache.get(event.user_id)
+            if mine is None:
+                mine = user_cache[event.user_id] = _user_impressions(requests, event.user_id)
+            outcome, idx, pos = join_by_user(event.item_id, ts, mine[0], mine[1], rules)
+            row = mine[2][idx] if idx >= 0 else -1
+        outcomes[outcome] += 1
+        if outcome == JoinOutcome.ATTRIBUTED:
             result.row.append(row)
             result.position.append(pos)
             result.grade.append(grade)
@@ -117,10 +122,11 @@ def attribute(
 
 
 def _codes(values: list[str]) -> tuple[list[str], I64]:
-    if not values:
-        return [], np.zeros(0, dtype=np.int64)
-    uniques, inverse = np.unique(np.asarray(values, dtype=np.str_), return_inverse=True)
-    return [str(u) for u in uniques], inverse.astype(np.int64)
+    """Integer codes of strings, numbered in sorted order of the distinct values."""
+    vocabulary = sorted(set(values))
+    index = {v: i for i, v in enumerate(vocabulary)}
+    codes = np.fromiter(map(index.__getitem__, values), dtype=np.int64, count=len(values))
+    return vocabulary, codes
 
 
 @dataclass(slots=True)
@@ -136,8 +142,8 @@ class ScoredRequests:
 
 def score(requests: Requests, attribution: Attribution, settings: Settings) -> ScoredRequests:
     """Finalise every request: grades, scores, variant and cohort."""
-    batch = requests.batch
-    n = len(requests.rows)
+    events = requests.events
+    n = len(events)
     scores = score_sparse(
         n,
         np.asarray(attribution.row, dtype=np.int64),
@@ -145,12 +151,11 @@ def score(requests: Requests, attribution: Attribution, settings: Settings) -> S
         np.asarray(attribution.grade, dtype=np.float64),
         settings.scoring(),
     )
-    events = [batch.events[i] for i in requests.rows]
     variant_names, variant = _codes([e.variant for e in events])
     users = [e.user_id for e in events]
     _, codes = _codes(users + attribution.relevant_user)
     request_user, history_user = codes[:n], codes[n:]
-    request_ms = np.asarray([batch.timestamp_ms[i] for i in requests.rows], dtype=np.int64)
+    request_ms = np.asarray(requests.timestamp_ms, dtype=np.int64)
     cap = settings.cold_start.min_relevant_history
     history_ms = np.asarray(attribution.relevant_ms, dtype=np.int64)
     earlier = earlier_counts(history_user, history_ms, request_user, request_ms, cap)

@@ -15,7 +15,7 @@ from evaluator.metrics.composite import composite_score
 from evaluator.metrics.setlevel import (
     coverage,
     distinct_items,
-    encode_attribute,
+    encode_top,
     intra_list_diversity,
 )
 from evaluator.replay import ScoredRequests, moments_by_variant_cohort
@@ -51,31 +51,37 @@ def _metric_block(moments: Moments, group: int, ks: tuple[int, ...], policy: str
     return block
 
 
-def _attribute_values(scored: ScoredRequests, rows: np.ndarray, name: str) -> list[list[str]]:
-    batch = scored.requests.batch
-    out: list[list[str]] = []
-    for r in rows:
-        attrs = batch.events[scored.requests.rows[r]].item_attributes or {}
-        out.append(attrs.get(name, []))
-    return out
-
-
 def set_level(scored: ScoredRequests, settings: Settings) -> dict[str, dict[str, Any]]:
     """Coverage@K and intra-list diversity@K per variant."""
-    batch = scored.requests.batch
-    lists = [batch.events[i].items for i in scored.requests.rows]
-    catalog = settings.metrics.catalog_size or len(distinct_items(lists))
+    events = scored.requests.events
+    lists = [e.items for e in events]
+    ks = settings.metrics.k
+    per_variant = [
+        [lists[r] for r in np.flatnonzero(scored.variant == code)]
+        for code in range(len(scored.variant_names))
+    ]
+    full_sets = [distinct_items(mine) for mine in per_variant]
+    catalog = settings.metrics.catalog_size or len(set().union(*full_sets))
+    attribute = settings.metrics.diversity_attribute
+    attrs = None
+    if any(e.item_attributes for e in events):
+        attrs = encode_top([(e.item_attributes or {}).get(attribute, []) for e in events], max(ks))
     out: dict[str, dict[str, Any]] = {}
     for code, variant in enumerate(scored.variant_names):
         rows = np.flatnonzero(scored.variant == code)
-        mine = [lists[r] for r in rows]
-        attrs = _attribute_values(scored, rows, settings.metrics.diversity_attribute)
-        cov: dict[str, float | None] = {}
-        div: dict[str, float | None] = {}
-        for k in settings.metrics.k:
-            cov[str(k)] = coverage(len(distinct_items(mine, k)), catalog)
-            ild = intra_list_diversity(encode_attribute(attrs, k))
-            div[str(k)] = _finite(float(np.nanmean(ild))) if np.isfinite(ild).any() else None
+        longest = max(map(len, per_variant[code]), default=0)
+        cov = {
+            str(k): coverage(
+                len(full_sets[code] if k >= longest else distinct_items(per_variant[code], k)),
+                catalog,
+            )
+            for k in ks
+        }
+        div: dict[str, float | None] = dict.fromkeys(map(str, ks))
+        for k in ks if attrs is not None else ():
+            ild = intra_list_diversity(attrs[rows, :k])  # type: ignore[index]
+            if np.isfinite(ild).any():
+                div[str(k)] = float(np.nanmean(ild))
         out[variant] = {"coverage": cov, "diversity": div, "catalog_size": catalog}
     return out
 

@@ -1,7 +1,6 @@
 import pytest
 
 from evaluator.join import (
-    Candidate,
     JoinOutcome,
     JoinRules,
     in_window,
@@ -20,26 +19,27 @@ def test_window_bounds_are_inclusive(t: int, inside: bool) -> None:
 
 
 def test_join_by_request() -> None:
-    cand = Candidate(1_000, "r1", ["a", "b", "c"])
-    assert join_by_request("c", 1_500, cand, RULES) == (JoinOutcome.ATTRIBUTED, 2)
-    assert join_by_request("z", 1_500, cand, RULES) == (JoinOutcome.NOT_IN_LIST, -1)
-    assert join_by_request("c", 5_000, cand, RULES) == (JoinOutcome.OUTSIDE_WINDOW, -1)
-    assert join_by_request("c", 1_500, None, RULES) == (JoinOutcome.NO_IMPRESSION, -1)
+    items = ["a", "b", "c"]
+    assert join_by_request("c", 1_500, 1_000, items, RULES) == (JoinOutcome.ATTRIBUTED, 2)
+    assert join_by_request("z", 1_500, 1_000, items, RULES) == (JoinOutcome.NOT_IN_LIST, -1)
+    assert join_by_request("c", 5_000, 1_000, items, RULES) == (JoinOutcome.OUTSIDE_WINDOW, -1)
+    assert join_by_request("c", 1_500, None, None, RULES) == (JoinOutcome.NO_IMPRESSION, -1)
 
 
 def test_join_by_user_picks_most_recent_impression_with_the_item() -> None:
-    cands = [
-        Candidate(1_000, "r1", ["a", "b"]),
-        Candidate(1_400, "r2", ["b", "a"]),
-        Candidate(1_500, "r3", ["c"]),  # most recent, but without the item
-        Candidate(1_700, "r4", ["a"]),  # after the interaction by more than the skew
+    ts = [1_000, 1_400, 1_500, 1_700]
+    lists = [
+        ["a", "b"],
+        ["b", "a"],
+        ["c"],  # most recent, but without the item
+        ["a"],  # after the interaction by more than the skew
     ]
-    assert join_by_user("a", 1_550, cands, RULES) == (JoinOutcome.ATTRIBUTED, 1, 1)
+    assert join_by_user("a", 1_550, ts, lists, RULES) == (JoinOutcome.ATTRIBUTED, 1, 1)
     # within the clock skew, an impression slightly after the interaction wins
-    assert join_by_user("a", 1_650, cands, RULES) == (JoinOutcome.ATTRIBUTED, 3, 0)
-    assert join_by_user("b", 9_000, cands, RULES) == (JoinOutcome.OUTSIDE_WINDOW, -1, -1)
-    assert join_by_user("z", 1_550, cands, RULES) == (JoinOutcome.NOT_IN_LIST, -1, -1)
-    assert join_by_user("a", 1_550, [], RULES) == (JoinOutcome.NO_IMPRESSION, -1, -1)
+    assert join_by_user("a", 1_650, ts, lists, RULES) == (JoinOutcome.ATTRIBUTED, 3, 0)
+    assert join_by_user("b", 9_000, ts, lists, RULES) == (JoinOutcome.OUTSIDE_WINDOW, -1, -1)
+    assert join_by_user("z", 1_550, ts, lists, RULES) == (JoinOutcome.NOT_IN_LIST, -1, -1)
+    assert join_by_user("a", 1_550, [], [], RULES) == (JoinOutcome.NO_IMPRESSION, -1, -1)
 
 
 def test_rules_validate() -> None:

@@ -5,7 +5,8 @@ from evaluator.metrics.composite import composite_score
 from evaluator.metrics.setlevel import (
     coverage_exact,
     coverage_sketch,
-    encode_attribute,
+    distinct_codes,
+    encode_top,
     intra_list_diversity,
 )
 from evaluator.sketch import HyperLogLog, hash_strings
@@ -43,7 +44,7 @@ def test_hash_is_stable_across_batches_and_unicode_safe() -> None:
 
 
 def test_intra_list_diversity_hand_computed() -> None:
-    codes = encode_attribute([["x", "x", "y"], ["x"], ["a", "b", "c", "d"]], k=3)
+    codes = encode_top([["x", "x", "y"], ["x"], ["a", "b", "c", "d"]], k=3)
     ild = intra_list_diversity(codes)
     # list 1: pairs (x,x) same, (x,y) diff, (x,y) diff -> 2/3; list 2: one item -> NaN;
     # list 3 cut at 3: all different -> 1
@@ -57,3 +58,11 @@ def test_composite() -> None:
     weights = {"ndcg@10": 0.7, "coverage@10": 0.2, "diversity@10": 0.1}
     assert composite_score(values, weights) == pytest.approx(0.35 + 0.05 + 0.1)
     assert np.isnan(composite_score({"ndcg@10": 0.5}, weights))
+
+
+def test_encode_top_and_distinct_codes() -> None:
+    codes = encode_top([["a", "b", "c"], ["b"], []], k=2)
+    assert codes.shape == (3, 2)
+    assert codes[0, 0] != codes[0, 1] and codes[1, 0] == codes[0, 1]
+    assert codes[1, 1] == -1 and (codes[2] == -1).all()
+    assert distinct_codes(codes) == 2

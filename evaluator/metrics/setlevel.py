@@ -15,10 +15,9 @@ FloatArray = npt.NDArray[np.float64]
 
 def distinct_items(lists: Iterable[Sequence[str]], k: int | None = None) -> set[str]:
     """Distinct items in the top ``k`` of each list (whole lists when ``k`` is None)."""
-    seen: set[str] = set()
-    for items in lists:
-        seen.update(items[:k] if k is not None else items)
-    return seen
+    if k is None:
+        return set(itertools.chain.from_iterable(lists))
+    return set(itertools.chain.from_iterable(items[:k] for items in lists))
 
 
 def coverage(recommended: int | float, catalog_size: int | float) -> float:
@@ -61,18 +60,29 @@ def intra_list_diversity(codes: npt.NDArray[np.int64]) -> FloatArray:
     return out
 
 
-def encode_attribute(values: Sequence[Sequence[str]], k: int) -> npt.NDArray[np.int64]:
-    """Integer-code the top ``k`` attribute values of each list for :func:`intra_list_diversity`.
+def encode_top(values: Sequence[Sequence[str]], k: int) -> npt.NDArray[np.int64]:
+    """Integer codes of the first ``k`` values of each list, shape ``(lists, k)``, ``-1`` padded.
 
-    Vectorised: one ``np.unique`` over all values; missing positions get ``-1``.
+    Equal strings get equal codes within one call. Used for item ids (coverage)
+    and for attribute values (diversity).
     """
     tops = [v[:k] for v in values]
-    lengths = np.fromiter((len(v) for v in tops), dtype=np.int64, count=len(tops))
+    lengths = np.fromiter(map(len, tops), dtype=np.int64, count=len(tops))
     codes = np.full((len(tops), k), -1, dtype=np.int64)
-    flat = list(itertools.chain.from_iterable(tops))
-    if flat:
-        _, inverse = np.unique(np.asarray(flat, dtype=np.str_), return_inverse=True)
+    vocabulary: dict[str, int] = {}
+    intern = vocabulary.setdefault
+    flat = np.fromiter(
+        (intern(v, len(vocabulary)) for v in itertools.chain.from_iterable(tops)),
+        dtype=np.int64,
+        count=int(lengths.sum()),
+    )
+    if flat.size:
         row_idx = np.repeat(np.arange(len(tops)), lengths)
-        col_idx = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        codes[row_idx, col_idx] = inverse.ravel()
+        col_idx = np.arange(flat.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        codes[row_idx, col_idx] = flat
     return codes
+
+
+def distinct_codes(codes: npt.NDArray[np.int64]) -> int:
+    """Number of distinct non-negative codes in a matrix from :func:`encode_top`."""
+    return int(np.unique(codes[codes >= 0]).size)
