@@ -71,9 +71,17 @@ def _cmd_config_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config_option() -> argparse.ArgumentParser:
+    """``--config`` accepted after the subcommand too (it must not reset the top-level one)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument("--config", type=Path, default=argparse.SUPPRESS, help="evaluator.toml")
+    return parent
+
+
 def _add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "replay",
+        parents=[_config_option()],
         help="evaluate impression and interaction JSON Lines files (optionally .gz)",
         description="Join, grade and score recorded events with the live pipeline's core.",
     )
@@ -109,7 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     schema.set_defaults(func=_cmd_schema)
     config = sub.add_parser("config", help="configuration tools")
     config_sub = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
-    check = config_sub.add_parser("check", help="validate and print the effective configuration")
+    check = config_sub.add_parser(
+        "check", parents=[_config_option()], help="validate and print the effective configuration"
+    )
     check.set_defaults(func=_cmd_config_check)
     return parser
 

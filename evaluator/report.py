@@ -57,7 +57,7 @@ def set_level(scored: ScoredRequests, settings: Settings) -> dict[str, dict[str,
     lists = [e.items for e in events]
     ks = settings.metrics.k
     per_variant = [
-        [lists[r] for r in np.flatnonzero(scored.variant == code)]
+        [lists[r] for r in np.flatnonzero(scored.variant == code).tolist()]
         for code in range(len(scored.variant_names))
     ]
     full_sets = [distinct_items(mine) for mine in per_variant]

@@ -79,3 +79,13 @@ def test_env_overrides_parse_values() -> None:
         }
     )
     assert tree == {"metrics": {"k": [10]}, "join": {"max_clock_skew": "2s"}}
+
+
+def test_example_file_documents_exactly_the_defaults() -> None:
+    from pathlib import Path
+
+    import msgspec
+
+    example = Path(__file__).resolve().parents[1] / "evaluator.example.toml"
+    documented = load_settings(example, environ={})
+    assert msgspec.to_builtins(documented) == msgspec.to_builtins(load_settings(environ={}))
