@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test lint typecheck unit demo bench schemas clean
+.PHONY: setup test lint typecheck unit demo bench schemas clean services services-stop
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,8 +15,8 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)  ## create .venv with the package and its development tools
 
 lint: setup
-	$(BIN)/ruff check evaluator tests bench
-	$(BIN)/ruff format --check evaluator tests bench
+	$(BIN)/ruff check evaluator tests bench scripts
+	$(BIN)/ruff format --check evaluator tests bench scripts
 
 typecheck: setup
 	$(BIN)/mypy
@@ -35,6 +35,12 @@ bench: setup
 
 schemas: setup  ## regenerate schemas/*.schema.json from the event models
 	$(BIN)/evaluator schema --out-dir schemas
+
+services:  ## start a real Kafka broker (KRaft) and Redis on loopback; prints their settings
+	python3 scripts/services.py start
+
+services-stop:
+	python3 scripts/services.py stop
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

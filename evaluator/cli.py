@@ -9,10 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from evaluator import __version__
-from evaluator.config import ConfigError, Settings, load_settings
+from evaluator.config import ConfigError, Settings, load_settings, masked
 
 
 class UsageError(Exception):
@@ -67,7 +65,7 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
 def _cmd_config_check(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
-    sys.stdout.write(msgspec.json.format(msgspec.json.encode(settings)).decode() + "\n")
+    sys.stdout.write(json.dumps(masked(settings), indent=2) + "\n")
     return 0
 
 

@@ -17,12 +17,14 @@ from typing import Any, Literal
 
 import msgspec
 
+from evaluator.finalise import FinaliseConfig
 from evaluator.join import JoinRules
 from evaluator.metrics.ndcg import GainKind
 from evaluator.propensity import PropensityModel, parse_propensity
 from evaluator.relevance import BUILTIN_PROFILES, ProfileKind, RelevanceProfile
 from evaluator.scoring import ScoringConfig
 from evaluator.timeutil import parse_duration_ms
+from evaluator.windows import AggregateLayout
 
 ENV_PREFIX = "EVALUATOR_"
 
@@ -134,6 +136,83 @@ class ColdStartSettings(msgspec.Struct, forbid_unknown_fields=True):
             raise ValueError("min_relevant_history must be >= 0")
 
 
+class KafkaSettings(msgspec.Struct, forbid_unknown_fields=True):
+    bootstrap_servers: str = "localhost:9092"
+    group_id: str = "recsys-evaluator"
+    client_id: str = "recsys-evaluator"
+    impressions_topic: str = "impressions"
+    interactions_topic: str = "interactions"
+    dlq_suffix: str = ".dlq"
+    """Invalid events go to ``<topic><dlq_suffix>``; empty disables the dead-letter topic."""
+    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    max_poll_records: int = 5000
+    poll_timeout: str | int = "500ms"
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: str = ""
+    sasl_username: str = ""
+    sasl_password: str = ""
+    ssl_cafile: str = ""
+
+    def __post_init__(self) -> None:
+        if self.max_poll_records < 1:
+            raise ValueError("max_poll_records must be >= 1")
+        _duration("poll_timeout", self.poll_timeout)
+
+
+class RedisSettings(msgspec.Struct, forbid_unknown_fields=True):
+    url: str = "redis://localhost:6379/0"
+    """``redis://`` or ``rediss://`` (TLS); credentials may also be in the URL."""
+    username: str = ""
+    password: str = ""
+    tls: bool = False
+    ssl_ca_certs: str = ""
+    key_prefix: str = "recsys"
+    shards: int = 16
+    """Hash-tagged key groups (users are spread over them); must divide user_buckets."""
+    retry_attempts: int = 5
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(
+                f"url must start with redis://, rediss:// or unix://, got {self.url!r}"
+            )
+        if not 1 <= self.shards <= 1024:
+            raise ValueError("shards must be in 1..1024")
+
+
+class EventTimeSettings(msgspec.Struct, forbid_unknown_fields=True):
+    max_out_of_orderness: str | int = "5s"
+    idle_timeout: str | int = "30s"
+    allowed_lateness: str | int = "1m"
+
+    def __post_init__(self) -> None:
+        for name in ("max_out_of_orderness", "idle_timeout", "allowed_lateness"):
+            _duration(name, getattr(self, name))
+
+    def ms(self, name: str) -> int:
+        return _duration(name, getattr(self, name))
+
+
+class WindowSettings(msgspec.Struct, forbid_unknown_fields=True):
+    sizes: list[str | int] = msgspec.field(default_factory=lambda: ["5m", "1h", "24h"])
+    buckets_per_window: int = 12
+    user_buckets: int = 128
+
+    def __post_init__(self) -> None:
+        if not self.sizes:
+            raise ValueError("sizes must name at least one window")
+        for size in self.sizes:
+            if _duration("sizes", size) < 1000:
+                raise ValueError(f"sizes: window {size!r} is shorter than 1s")
+        if not 1 <= self.buckets_per_window <= 1000:
+            raise ValueError("buckets_per_window must be in 1..1000")
+        if not 2 <= self.user_buckets <= 4096:
+            raise ValueError("user_buckets must be in 2..4096")
+
+    def sizes_ms(self) -> list[int]:
+        return sorted({_duration("sizes", s) for s in self.sizes})
+
+
 class Settings(msgspec.Struct, forbid_unknown_fields=True):
     """The whole configuration; see ``docs/configuration.md``."""
 
@@ -143,6 +222,35 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     metrics: MetricsSettings = msgspec.field(default_factory=MetricsSettings)
     propensity: PropensitySettings = msgspec.field(default_factory=PropensitySettings)
     cold_start: ColdStartSettings = msgspec.field(default_factory=ColdStartSettings)
+    event_time: EventTimeSettings = msgspec.field(default_factory=EventTimeSettings)
+    windows: WindowSettings = msgspec.field(default_factory=WindowSettings)
+    kafka: KafkaSettings = msgspec.field(default_factory=KafkaSettings)
+    redis: RedisSettings = msgspec.field(default_factory=RedisSettings)
+
+    def __post_init__(self) -> None:
+        if self.windows.user_buckets % self.redis.shards:
+            raise ValueError(
+                f"windows.user_buckets ({self.windows.user_buckets}) must be a multiple of "
+                f"redis.shards ({self.redis.shards})"
+            )
+
+    def layout(self) -> AggregateLayout:
+        return AggregateLayout(
+            ks=tuple(self.metrics.k),
+            windows_ms=tuple(self.windows.sizes_ms()),
+            buckets_per_window=self.windows.buckets_per_window,
+            user_buckets=self.windows.user_buckets,
+            shards=self.redis.shards,
+        )
+
+    def finalise_config(self) -> FinaliseConfig:
+        return FinaliseConfig(
+            rules=self.join.rules(),
+            scoring=self.scoring(),
+            layout=self.layout(),
+            min_relevant_history=self.cold_start.min_relevant_history,
+            allowed_lateness_ms=self.event_time.ms("allowed_lateness"),
+        )
 
     def scoring(self) -> ScoringConfig:
         return ScoringConfig(
@@ -151,6 +259,24 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
             propensity=self.propensity.build(),
             propensity_clip=self.propensity.clip,
         )
+
+
+SECRET_KEYS = ("password", "sasl_password")
+
+
+def masked(settings: Settings) -> dict[str, Any]:
+    """Settings as plain data with secrets (passwords, credentials in URLs) masked."""
+    tree: dict[str, Any] = msgspec.to_builtins(settings)
+    for section in tree.values():
+        if not isinstance(section, dict):
+            continue
+        for key in SECRET_KEYS:
+            if section.get(key):
+                section[key] = "***"
+        url = section.get("url")
+        if isinstance(url, str):
+            section["url"] = re.sub(r"//([^@/]*)@", "//***@", url)
+    return tree
 
 
 def _parse_env_value(text: str) -> Any:

@@ -1,0 +1,163 @@
+"""Finalisation of open requests in the live pipeline: attribution, scores, statistics rows.
+
+Pure: the state store hands over each due request with what it has collected
+(its own interactions, its user's impressions and request-less interactions, and
+the user's first relevant-interaction times). The same join rules, grading,
+scoring and cohort rules as ``evaluator replay`` turn them into one statistics
+row per request, ready to be added to window buckets.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from evaluator.cohort import cohort_codes
+from evaluator.join import JoinOutcome, JoinRules, join_by_request, join_by_user
+from evaluator.scoring import ScoringConfig, score_sparse
+from evaluator.windows import AggregateLayout, contribution_rows, user_buckets
+
+FloatArray = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+
+
+class PendingInteraction(NamedTuple):
+    """A stored interaction waiting for its request(s) to finalise."""
+
+    event_id: str
+    item_id: str
+    timestamp_ms: int
+    grade: float
+
+
+@dataclass(slots=True)
+class OpenRequest:
+    """A stored impression and the interactions that named its request id."""
+
+    request_id: str
+    user_id: str
+    variant: str
+    timestamp_ms: int
+    items: list[str]
+    interactions: list[PendingInteraction] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class UserContext:
+    """What the user-based join and the cold-start rule need about one user.
+
+    Impressions are the user's open ones, sorted by (timestamp, request id).
+    """
+
+    impression_ms: list[int] = field(default_factory=list)
+    impression_ids: list[str] = field(default_factory=list)
+    impression_items: list[list[str]] = field(default_factory=list)
+    loose: list[PendingInteraction] = field(default_factory=list)
+    history_ms: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Finalised:
+    """Statistics rows of finalised requests, in the order they were given."""
+
+    requests: list[OpenRequest]
+    rows: FloatArray
+    cohort: I64
+    """0 = cold_start, 1 = established."""
+    user_bucket: I64
+    deadline_ms: I64
+    outcomes: Counter[str]
+
+
+def deadline_ms(impression_ms: int, rules: JoinRules, allowed_lateness_ms: int) -> int:
+    """Event time after which a request is final: nothing on time can still join it."""
+    return (
+        impression_ms + rules.attribution_window_ms + rules.max_clock_skew_ms + allowed_lateness_ms
+    )
+
+
+def _attributed(
+    row: int, request: OpenRequest, user: UserContext, rules: JoinRules, outcomes: Counter[str]
+) -> list[tuple[int, int, float]]:
+    out: list[tuple[int, int, float]] = []
+    for it in request.interactions:
+        outcome, pos = join_by_request(
+            it.item_id, it.timestamp_ms, request.timestamp_ms, request.items, rules
+        )
+        outcomes[outcome] += 1
+        if outcome == JoinOutcome.ATTRIBUTED:
+            out.append((row, pos, it.grade))
+    lo = request.timestamp_ms - rules.max_clock_skew_ms
+    hi = request.timestamp_ms + rules.attribution_window_ms
+    shown = set(request.items)
+    for it in user.loose:
+        if not lo <= it.timestamp_ms <= hi or it.item_id not in shown:
+            continue
+        outcome, idx, pos = join_by_user(
+            it.item_id, it.timestamp_ms, user.impression_ms, user.impression_items, rules
+        )
+        if outcome == JoinOutcome.ATTRIBUTED and user.impression_ids[idx] == request.request_id:
+            outcomes[outcome] += 1
+            out.append((row, pos, it.grade))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class FinaliseConfig:
+    """Everything finalisation needs, as plain values."""
+
+    rules: JoinRules
+    scoring: ScoringConfig
+    layout: AggregateLayout
+    min_relevant_history: int = 3
+    allowed_lateness_ms: int = 60_000
+
+    def deadline(self, impression_ms: int) -> int:
+        return deadline_ms(impression_ms, self.rules, self.allowed_lateness_ms)
+
+
+def finalise(
+    requests: list[OpenRequest], users: dict[str, UserContext], config: FinaliseConfig
+) -> Finalised:
+    """Score due requests; the caller adds the rows to the window buckets atomically."""
+    rules, layout = config.rules, config.layout
+    outcomes: Counter[str] = Counter()
+    entries: list[tuple[int, int, float]] = []
+    for row, request in enumerate(requests):
+        entries += _attributed(
+            row, request, users.get(request.user_id, UserContext()), rules, outcomes
+        )
+    arr = np.asarray(entries, dtype=np.float64).reshape(-1, 3)
+    scores = score_sparse(
+        len(requests),
+        arr[:, 0].astype(np.int64),
+        arr[:, 1].astype(np.int64),
+        arr[:, 2],
+        config.scoring,
+    )
+    earlier = np.fromiter(
+        (
+            sum(1 for t in users.get(r.user_id, UserContext()).history_ms if t < r.timestamp_ms)
+            for r in requests
+        ),
+        dtype=np.int64,
+        count=len(requests),
+    )
+    cohort = cohort_codes(earlier, config.min_relevant_history) - 1
+    deadlines = np.fromiter(
+        (config.deadline(r.timestamp_ms) for r in requests),
+        dtype=np.int64,
+        count=len(requests),
+    )
+    return Finalised(
+        requests,
+        contribution_rows(scores),
+        cohort.astype(np.int64),
+        user_buckets([r.user_id for r in requests], layout),
+        deadlines,
+        outcomes,
+    )

@@ -1,0 +1,109 @@
+"""The state-store port: what the live pipeline needs from durable state.
+
+Two implementations honour it and pass the same contract tests
+(``tests/test_store_contract.py``): :mod:`evaluator.stores.memory` (embedded,
+for the demo and pure-logic tests) and :mod:`evaluator.stores.redis`.
+
+Every write is idempotent, and :meth:`StateStore.commit` claims each request
+atomically, so at-least-once delivery, crashes and racing instances never
+count a request twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from evaluator.events import ImpressionBatch, InteractionBatch
+from evaluator.finalise import Finalised, OpenRequest, UserContext
+from evaluator.windows import AggregateLayout
+
+FloatArray = npt.NDArray[np.float64]
+
+
+class DueRequest(NamedTuple):
+    """An open request whose finalisation deadline has passed."""
+
+    shard: int
+    request_id: str
+
+
+class PartitionProgress(NamedTuple):
+    """Largest event time ingested from one partition, and when (wall clock, ms)."""
+
+    max_event_ms: int
+    updated_ms: int
+
+
+@dataclass(slots=True)
+class IngestCounts:
+    """What ingestion did not store: repeats and events for already-final requests."""
+
+    duplicates: int = 0
+    late: int = 0
+
+
+class StateStore(Protocol):
+    """Durable state of the live pipeline."""
+
+    layout: AggregateLayout
+
+    def check_layout(self) -> None:
+        """Refuse to run against state written with another aggregate layout."""
+        ...
+
+    def ingest(
+        self,
+        impressions: ImpressionBatch,
+        interactions: InteractionBatch,
+        deadlines_ms: Sequence[int],
+        loose_late_before_ms: int,
+    ) -> IngestCounts:
+        """Store new events idempotently.
+
+        ``deadlines_ms`` gives each impression's finalisation time. Interactions
+        naming an already-finalised request are late; request-less interactions
+        older than ``loose_late_before_ms`` can no longer join an open request
+        and are late too.
+        """
+        ...
+
+    def due(self, watermark_ms: int, limit: int) -> list[DueRequest]:
+        """Open requests whose deadline is at or before the watermark."""
+        ...
+
+    def load(self, due: Sequence[DueRequest]) -> tuple[list[OpenRequest], dict[str, UserContext]]:
+        """The due requests (those still open) and the context of their users."""
+        ...
+
+    def commit(self, finalised: Finalised, prune_loose_before_ms: int | None = None) -> int:
+        """Atomically claim each request once and add its row to its window buckets.
+
+        Request-less interactions of the same users older than
+        ``prune_loose_before_ms`` can no longer join anything and may be dropped.
+        Returns the number of requests applied (claimed by this call).
+        """
+        ...
+
+    def blocks(self, window_ms: int) -> dict[tuple[int, str], FloatArray]:
+        """Every bucket of a window, summed over shards.
+
+        Keys are ``(bucket_start_ms, variant)``; values ``(2, user_buckets, row_width)``.
+        """
+        ...
+
+    def record_progress(self, progress: Mapping[str, PartitionProgress]) -> None:
+        """Merge partition progress (the larger event time wins)."""
+        ...
+
+    def progress(self) -> dict[str, PartitionProgress]: ...
+
+    def counters(self) -> dict[str, int]:
+        """Exactly-once counters kept with the state (late, duplicates, finalised ...)."""
+        ...
+
+    def close(self) -> None: ...

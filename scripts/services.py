@@ -1,0 +1,292 @@
+#!/usr/bin/env python3
+"""Start and stop a real single-node Kafka (KRaft) broker and a real Redis on loopback.
+
+    python3 scripts/services.py start   # idempotent; prints KAFKA_BOOTSTRAP_SERVERS and REDIS_URL
+    python3 scripts/services.py stop
+    python3 scripts/services.py env     # print the settings of running services
+
+Kafka runs from the official Apache jars fetched through Maven (deploy/kafka/pom.xml)
+into .cache/kafka-libs; Redis is Debian's redis-server. Each start uses free ports
+and a fresh data folder under .cache/services. Standard library only.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = ROOT / ".cache"
+LIBS = CACHE / "kafka-libs"
+STATE = CACHE / "services"
+ENV_FILE = STATE / "env"
+POM = ROOT / "deploy" / "kafka" / "pom.xml"
+
+LOG4J = """\
+status = warn
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = info
+rootLogger.appenderRef.file.ref = file
+logger.kafka.name = kafka
+logger.kafka.level = info
+logger.org.name = org.apache.kafka
+logger.org.level = warn
+"""
+
+
+def fail(message: str) -> None:
+    print(f"services: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def read_env() -> dict[str, str]:
+    if not ENV_FILE.exists():
+        return {}
+    pairs = (line.split("=", 1) for line in ENV_FILE.read_text().splitlines() if "=" in line)
+    return dict(pairs)
+
+
+def running(env: dict[str, str]) -> bool:
+    pids = [env.get("KAFKA_PID"), env.get("REDIS_PID")]
+    return all(p and alive(int(p)) for p in pids)
+
+
+def check_prerequisites() -> None:
+    missing = [tool for tool in ("java", "redis-server", "redis-cli") if shutil.which(tool) is None]
+    if not LIBS.exists() and shutil.which("mvn") is None:
+        missing.append("mvn (Maven, to fetch the Kafka jars)")
+    if missing:
+        hints = {
+            "redis-server": "apt-get install -y redis-server",
+            "redis-cli": "apt-get install -y redis-tools",
+            "java": "a Java 17 JDK",
+        }
+        details = "; ".join(f"{m} ({hints.get(m, 'install it')})" for m in missing)
+        fail(f"missing prerequisite: {details}")
+
+
+def fetch_kafka() -> None:
+    if (LIBS / ".complete").exists():
+        return
+    print("services: fetching the Apache Kafka jars with Maven (once) ...", file=sys.stderr)
+    LIBS.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [
+            "mvn",
+            "-q",
+            "-B",
+            "-Dstyle.color=never",
+            "-f",
+            str(POM),
+            "dependency:copy-dependencies",
+            "-DincludeScope=runtime",
+            f"-DoutputDirectory={LIBS}",
+        ],
+        check=True,
+    )
+    (LIBS / ".complete").touch()
+
+
+def wait_for(predicate, what: str, timeout: float, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if proc is not None and proc.poll() is not None:
+            fail(f"{what} exited with code {proc.returncode}; see {STATE}")
+        time.sleep(0.2)
+    fail(f"{what} did not become ready within {timeout:.0f}s; see {STATE}")
+
+
+def start_redis(data: Path) -> tuple[int, int]:
+    port = free_port()
+    data.mkdir(parents=True)
+    subprocess.run(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--daemonize",
+            "yes",
+            "--dir",
+            str(data),
+            "--pidfile",
+            str(data / "redis.pid"),
+            "--logfile",
+            str(data / "redis.log"),
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "everysec",
+            "--save",
+            "",
+        ],
+        check=True,
+    )
+
+    def ready() -> bool:
+        out = subprocess.run(
+            ["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True, check=False
+        )
+        return out.stdout.strip() == "PONG"
+
+    wait_for(ready, "redis-server", 20)
+    return port, int((data / "redis.pid").read_text().strip())
+
+
+def start_kafka(data: Path) -> tuple[int, int]:
+    port, controller = free_port(), free_port()
+    data.mkdir(parents=True)
+    props = data / "server.properties"
+    props.write_text(f"""\
+process.roles=broker,controller
+node.id=1
+controller.quorum.bootstrap.servers=127.0.0.1:{controller}
+listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}
+advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs={data / "logs"}
+num.partitions=4
+auto.create.topics.enable=true
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=4
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+""")
+    log = data / "server.log"
+    (data / "log4j2.properties").write_text(LOG4J.format(log=log))
+    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    classpath = f"{LIBS}/*"
+    java = [
+        "java",
+        "-Xms256m",
+        "-Xmx768m",
+        f"-Dlog4j2.configurationFile={data / 'log4j2.properties'}",
+        "-cp",
+        classpath,
+    ]
+    subprocess.run(
+        [
+            *java,
+            "kafka.tools.StorageTool",
+            "format",
+            "--standalone",
+            "-t",
+            cluster_id,
+            "-c",
+            str(props),
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    with open(data / "stdout.log", "wb") as out:
+        proc = subprocess.Popen(
+            [*java, "kafka.Kafka", str(props)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def ready() -> bool:
+        return log.exists() and "Kafka Server started" in log.read_text(errors="replace")
+
+    wait_for(ready, "kafka broker", 120, proc)
+    return port, proc.pid
+
+
+def start() -> None:
+    env = read_env()
+    if env and running(env):
+        print_env(env)
+        return
+    stop(quiet=True)
+    check_prerequisites()
+    fetch_kafka()
+    run_dir = STATE / time.strftime("run-%Y%m%d-%H%M%S")
+    redis_port, redis_pid = start_redis(run_dir / "redis")
+    kafka_port, kafka_pid = start_kafka(run_dir / "kafka")
+    env = {
+        "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{kafka_port}",
+        "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+        "KAFKA_PID": str(kafka_pid),
+        "REDIS_PID": str(redis_pid),
+        "SERVICES_DIR": str(run_dir),
+    }
+    ENV_FILE.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+    print_env(env)
+
+
+def print_env(env: dict[str, str]) -> None:
+    for key in ("KAFKA_BOOTSTRAP_SERVERS", "REDIS_URL"):
+        print(f"export {key}={env[key]}")
+
+
+def stop(quiet: bool = False) -> None:
+    env = read_env()
+    for key in ("KAFKA_PID", "REDIS_PID"):
+        pid = int(env[key]) if env.get(key) else 0
+        if pid and alive(pid):
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 30
+            while alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    if env.get("SERVICES_DIR"):
+        shutil.rmtree(env["SERVICES_DIR"], ignore_errors=True)
+    ENV_FILE.unlink(missing_ok=True)
+    if not quiet:
+        print("services: stopped")
+
+
+def main() -> None:
+    command = sys.argv[1] if len(sys.argv) > 1 else "start"
+    STATE.mkdir(parents=True, exist_ok=True)
+    if command == "start":
+        start()
+    elif command == "stop":
+        stop()
+    elif command == "env":
+        env = read_env()
+        if not (env and running(env)):
+            fail("not running; start them with `make services`")
+        print_env(env)
+    else:
+        fail(f"unknown command {command!r}: use start, stop or env")
+
+
+if __name__ == "__main__":
+    main()
