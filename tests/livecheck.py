@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -10,10 +12,56 @@ import pytest
 
 from evaluator.commands.replay import evaluate_files
 from evaluator.config import Settings
+from evaluator.pipeline import PartitionBatch, Pipeline
 from evaluator.stores.base import StateStore
 from tests.eventgen import EventSet
 
 SENTINEL_VARIANT = "zz-sentinel"
+
+
+class FakeClock:
+    """Wall clock under test control (processing time only affects idleness)."""
+
+    def __init__(self) -> None:
+        self.now = 0
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def feed(pipeline: Pipeline, events: EventSet, seed: int, batch: int = 64) -> dict[str, int]:
+    """Deliver events in event-time order with small jitter, round-robin over 2 partitions.
+
+    Returns the watermark in force when each interaction was delivered.
+    """
+    rng = random.Random(seed)
+    stream = [("impressions", e) for e in events.impressions] + [
+        ("interactions", e) for e in events.interactions
+    ]
+    stream.sort(key=lambda ke: ke[1]["timestamp"] + rng.randrange(0, 3_000))
+    seen_at: dict[str, int] = {}
+    for start in range(0, len(stream), batch):
+        chunk = stream[start : start + batch]
+        watermark = pipeline.watermark()
+        for kind, e in chunk:
+            if kind == "interactions":
+                seen_at.setdefault(e["event_id"], -(2**62) if watermark is None else watermark)
+        parts = []
+        for kind in ("impressions", "interactions"):
+            for p in range(2):
+                payloads = [
+                    json.dumps(e).encode()
+                    for i, (k, e) in enumerate(chunk)
+                    if k == kind and i % 2 == p
+                ]
+                if payloads:
+                    parts.append(PartitionBatch(kind, f"{kind}:{p}", payloads))
+        pipeline.process(parts)
+        pipeline.clock_ms.now += 10  # type: ignore[attr-defined]
+    # the stream goes quiet: once every partition is idle the watermark reaches the end
+    pipeline.clock_ms.now += pipeline.idle_ms  # type: ignore[attr-defined]
+    pipeline.finalise_due()
+    return seen_at
 
 
 def sentinel(events: EventSet, after_ms: int = 2 * 86_400_000) -> dict[str, Any]:

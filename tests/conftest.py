@@ -1,0 +1,78 @@
+"""Shared fixtures: real services (Kafka broker, Redis server) and state stores."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _services_env() -> dict[str, str]:
+    """Settings of running services: from the environment, else `scripts/services.py start`."""
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS") and os.environ.get("REDIS_URL"):
+        return {k: os.environ[k] for k in ("KAFKA_BOOTSTRAP_SERVERS", "REDIS_URL")}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "services.py"), "start"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"could not start Kafka and Redis: {proc.stderr.strip()}")
+    env = {}
+    for line in proc.stdout.splitlines():
+        key, _, value = line.removeprefix("export ").partition("=")
+        env[key] = value
+    return env
+
+
+@pytest.fixture(scope="session")
+def services() -> dict[str, str]:
+    return _services_env()
+
+
+@pytest.fixture(scope="session")
+def redis_url(services: dict[str, str]) -> str:
+    return services.get("REDIS_URL") or os.environ["REDIS_URL"]
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(services: dict[str, str]) -> str:
+    return services.get("KAFKA_BOOTSTRAP_SERVERS") or os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+
+
+@pytest.fixture
+def key_prefix() -> str:
+    return f"test-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(params=["memory", "redis"])
+def make_store(request: pytest.FixtureRequest, key_prefix: str) -> Iterator:
+    """A factory building a fresh state store of each kind for a layout."""
+    from evaluator.stores.memory import MemoryStore
+
+    created = []
+
+    def build(layout, history_cap: int = 3):
+        if request.param == "memory":
+            store = MemoryStore(layout, history_cap)
+        else:
+            from evaluator.stores.redis import RedisStore, connect
+
+            url = request.getfixturevalue("redis_url")
+            store = RedisStore(connect(url), layout, prefix=key_prefix, history_cap=history_cap)
+            store.check_layout()
+        created.append(store)
+        return store
+
+    build.kind = request.param  # type: ignore[attr-defined]
+    yield build
+    for store in created:
+        store.close()

@@ -1,0 +1,143 @@
+"""One contract for every state store (embedded and Redis), run against each."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from evaluator.config import load_settings
+from evaluator.events import decode_impressions, decode_interactions
+from evaluator.finalise import finalise
+from evaluator.relevance import BUILTIN_PROFILES
+from evaluator.stores.base import PartitionProgress
+
+SETTINGS = load_settings(environ={})
+CONFIG = SETTINGS.finalise_config()
+
+
+def impressions(*rows: tuple[str, str, int, list[str]]):
+    payloads = [
+        json.dumps(
+            {
+                "event_id": f"e-{rid}",
+                "request_id": rid,
+                "user_id": user,
+                "variant": "A",
+                "timestamp": ts,
+                "items": items,
+            }
+        ).encode()
+        for rid, user, ts, items in rows
+    ]
+    return decode_impressions(payloads)[0]
+
+
+def interactions(*rows: tuple[str, str, str, str | None, int, str]):
+    payloads = []
+    for eid, user, item, rid, ts, kind in rows:
+        event = {"event_id": eid, "user_id": user, "item_id": item, "type": kind, "timestamp": ts}
+        if rid:
+            event["request_id"] = rid
+        payloads.append(json.dumps(event).encode())
+    return decode_interactions(payloads, BUILTIN_PROFILES["ecommerce"])[0]
+
+
+def ingest(store, imps, ints, late_before=-(2**62)):
+    deadlines = [CONFIG.deadline(ts) for ts in imps.timestamp_ms]
+    return store.ingest(imps, ints, deadlines, late_before)
+
+
+def finalise_all(store, watermark: int) -> int:
+    due = store.due(watermark, 1000)
+    requests, users = store.load(due)
+    return store.commit(finalise(requests, users, CONFIG))
+
+
+def test_ingest_is_idempotent_and_counts_duplicates(make_store) -> None:
+    store = make_store(SETTINGS.layout())
+    imps = impressions(("r1", "u1", 1_000, ["a", "b"]))
+    ints = interactions(("i1", "u1", "b", "r1", 2_000, "click"))
+    assert ingest(store, imps, ints).duplicates == 0
+    assert ingest(store, imps, ints).duplicates == 2
+    assert store.due(CONFIG.deadline(1_000) - 1, 10) == []
+    due = store.due(CONFIG.deadline(1_000), 10)
+    assert [d.request_id for d in due] == ["r1"]
+    requests, users = store.load(due)
+    assert [(r.request_id, r.items, len(r.interactions)) for r in requests] == [
+        ("r1", ["a", "b"], 1)
+    ]
+    assert users["u1"].history_ms == [2_000]
+
+
+def test_commit_claims_each_request_once(make_store) -> None:
+    store = make_store(SETTINGS.layout())
+    ingest(
+        store,
+        impressions(("r1", "u1", 1_000, ["a"]), ("r2", "u2", 1_000, ["a"])),
+        interactions(("i1", "u1", "a", "r1", 1_500, "purchase")),
+    )
+    due = store.due(CONFIG.deadline(1_000), 10)
+    requests, users = store.load(due)
+    done = finalise(requests, users, CONFIG)
+    assert store.commit(done) == 2
+    assert store.commit(done) == 0  # a racing instance, or a retry after a crash
+    assert store.due(10**15, 10) == []
+    assert store.counters()["finalised"] == 2
+    blocks = store.blocks(max(SETTINGS.layout().windows_ms))
+    assert sum(b[:, :, 0].sum() for b in blocks.values()) == 2  # two requests counted
+    assert sum(b[:, :, 1].sum() for b in blocks.values()) == 1  # one engaged
+
+
+def test_late_interactions_are_counted_once(make_store) -> None:
+    store = make_store(SETTINGS.layout())
+    ingest(store, impressions(("r1", "u1", 1_000, ["a"])), interactions())
+    finalise_all(store, CONFIG.deadline(1_000))
+    late = interactions(("i9", "u1", "a", "r1", 1_500, "click"))
+    assert ingest(store, impressions(), late).late == 1
+    assert ingest(store, impressions(), late).late == 0  # redelivered: a duplicate now
+    again = impressions(("r1", "u1", 1_000, ["a"]))
+    assert ingest(store, again, interactions()).duplicates == 1  # finalised request
+    loose = interactions(("i10", "u1", "a", None, 1_500, "click"))
+    assert ingest(store, impressions(), loose, late_before=2_000).late == 1
+    assert store.counters()["late"] == 2
+
+
+def test_user_join_sees_the_users_open_impressions(make_store) -> None:
+    store = make_store(SETTINGS.layout())
+    ingest(
+        store,
+        impressions(("r1", "u1", 1_000, ["a", "b"]), ("r2", "u1", 2_000, ["b", "c"])),
+        interactions(("i1", "u1", "b", None, 2_500, "click")),
+    )
+    requests, users = store.load(store.due(CONFIG.deadline(2_000), 10))
+    ctx = users["u1"]
+    assert ctx.impression_ids == ["r1", "r2"]
+    assert ctx.impression_items == [["a", "b"], ["b", "c"]]
+    assert [(x.event_id, x.item_id, x.timestamp_ms, x.grade) for x in ctx.loose] == [
+        ("i1", "b", 2_500, 1.0)
+    ]
+    done = finalise(requests, users, CONFIG)
+    engaged = {r.request_id: row[1] for r, row in zip(done.requests, done.rows, strict=True)}
+    assert engaged == {"r1": 0.0, "r2": 1.0}  # the most recent impression with the item wins
+
+
+def test_progress_merges_to_the_latest_event_time(make_store) -> None:
+    store = make_store(SETTINGS.layout())
+    store.record_progress({"impressions:0": PartitionProgress(500, 10)})
+    store.record_progress(
+        {"impressions:0": PartitionProgress(400, 20), "impressions:1": PartitionProgress(-1, 20)}
+    )
+    assert store.progress() == {
+        "impressions:0": PartitionProgress(500, 20),
+        "impressions:1": PartitionProgress(-1, 20),
+    }
+
+
+def test_redis_refuses_state_of_another_layout(redis_url: str, key_prefix: str) -> None:
+    from evaluator.stores.redis import LayoutMismatchError, RedisStore, connect
+
+    RedisStore(connect(redis_url), SETTINGS.layout(), prefix=key_prefix).check_layout()
+    other = load_settings(environ={}, overrides={"metrics": {"k": [5]}}).layout()
+    with pytest.raises(LayoutMismatchError):
+        RedisStore(connect(redis_url), other, prefix=key_prefix).check_layout()
