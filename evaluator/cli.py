@@ -47,6 +47,21 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    import logging
+    import threading
+
+    from evaluator.commands.run import install_signal_handlers, run
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    settings = load_settings(args.config)
+    stop = threading.Event()
+    install_signal_handlers(stop)
+    return run(settings, stop)
+
+
 def _cmd_schema(args: argparse.Namespace) -> int:
     from evaluator.events import json_schemas
 
@@ -110,6 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", type=Path, help="evaluator.toml (default: built-in defaults)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_replay(sub)
+    run = sub.add_parser(
+        "run",
+        parents=[_config_option()],
+        help="consume Kafka, keep state in Redis, maintain sliding-window metrics",
+    )
+    run.set_defaults(func=_cmd_run)
     schema = sub.add_parser("schema", help="print or write the JSON Schemas of the events")
     schema.add_argument("--out-dir", type=Path, help="write <name>.schema.json files here")
     schema.set_defaults(func=_cmd_schema)

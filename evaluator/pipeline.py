@@ -38,7 +38,11 @@ class PartitionBatch:
     partition: str
     """Stable partition name, e.g. ``impressions:3``."""
     payloads: Sequence[bytes]
-    first_offset: int = 0
+    offsets: Sequence[int] | None = None
+    """Source offset of each payload (defaults to its index)."""
+
+    def offset(self, index: int) -> int:
+        return self.offsets[index] if self.offsets is not None else index
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +112,12 @@ class Pipeline:
         if fresh:
             self.store.record_progress(fresh)
 
+    def touch(self, partitions: Sequence[str]) -> None:
+        """Partitions with unconsumed backlog are busy, not idle: refresh their clock."""
+        if partitions:
+            now = self.clock_ms()
+            self.store.record_progress({p: PartitionProgress(-1, now) for p in partitions})
+
     def _decode(
         self, batches: Sequence[PartitionBatch]
     ) -> tuple[ImpressionBatch, InteractionBatch, list[Rejected], dict[str, int]]:
@@ -135,7 +145,7 @@ class Pipeline:
                     Rejected(
                         batch.kind,
                         batch.partition,
-                        batch.first_offset + invalid.index,
+                        batch.offset(invalid.index),
                         batch.payloads[invalid.index],
                         invalid,
                     )

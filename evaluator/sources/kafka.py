@@ -1,0 +1,149 @@
+"""Kafka source and dead-letter sink: the only module that imports kafka-python.
+
+A consumer-group member on the impressions and interactions topics with manual
+offset commits: :meth:`KafkaSource.commit` is called only after the pipeline
+has made a polled batch durable, so a crash re-delivers, never loses.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.consumer.subscription_state import ConsumerRebalanceListener
+
+from evaluator.config import KafkaSettings
+from evaluator.pipeline import Kind, PartitionBatch, Rejected
+
+log = logging.getLogger(__name__)
+
+
+def _security(settings: KafkaSettings) -> dict[str, Any]:
+    options: dict[str, Any] = {"security_protocol": settings.security_protocol}
+    if settings.sasl_mechanism:
+        options["sasl_mechanism"] = settings.sasl_mechanism
+        options["sasl_plain_username"] = settings.sasl_username
+        options["sasl_plain_password"] = settings.sasl_password
+    if settings.ssl_cafile:
+        options["ssl_cafile"] = settings.ssl_cafile
+    return options
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, source: KafkaSource) -> None:
+        self.source = source
+
+    def on_partitions_revoked(self, revoked: Sequence[TopicPartition]) -> None:
+        log.info("partitions revoked: %s", sorted(self.source.name(tp) for tp in revoked))
+
+    def on_partitions_assigned(self, assigned: Sequence[TopicPartition]) -> None:
+        names = sorted(self.source.name(tp) for tp in assigned)
+        log.info("partitions assigned: %s", names)
+        self.source.on_assign(names)
+
+
+class KafkaSource:
+    """Polls batches per partition, dead-letters invalid messages, commits on request."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        poll_timeout_ms: int,
+        on_assign: Callable[[list[str]], None] = lambda names: None,
+    ) -> None:
+        self.settings = settings
+        self.poll_timeout_ms = poll_timeout_ms
+        self.on_assign = on_assign
+        self.kinds: dict[str, Kind] = {
+            settings.impressions_topic: "impressions",
+            settings.interactions_topic: "interactions",
+        }
+        self.consumer = KafkaConsumer(
+            bootstrap_servers=settings.bootstrap_servers.split(","),
+            group_id=settings.group_id,
+            client_id=settings.client_id,
+            enable_auto_commit=False,
+            auto_offset_reset=settings.auto_offset_reset,
+            max_poll_records=settings.max_poll_records,
+            **_security(settings),
+        )
+        self.consumer.subscribe(list(self.kinds), listener=_Listener(self))
+        self._producer: KafkaProducer | None = None
+
+    def name(self, tp: TopicPartition) -> str:
+        return f"{self.kinds.get(tp.topic, tp.topic)}:{tp.partition}"
+
+    def poll(self) -> list[PartitionBatch]:
+        """One poll: at most ``max_poll_records`` messages, grouped by partition."""
+        records = self.consumer.poll(
+            timeout_ms=self.poll_timeout_ms, max_records=self.settings.max_poll_records
+        )
+        batches = []
+        for tp, messages in records.items():
+            batches.append(
+                PartitionBatch(
+                    self.kinds[tp.topic],
+                    self.name(tp),
+                    [m.value if m.value is not None else b"" for m in messages],
+                    offsets=[m.offset for m in messages],
+                )
+            )
+        return batches
+
+    def _topic(self, kind: Kind) -> str:
+        for topic, k in self.kinds.items():
+            if k == kind:
+                return topic
+        raise KeyError(kind)
+
+    def dead_letter(self, rejected: Sequence[Rejected]) -> None:
+        """Copy invalid messages to ``<topic><dlq_suffix>`` with the reason in headers."""
+        if not rejected or not self.settings.dlq_suffix:
+            return
+        if self._producer is None:
+            self._producer = KafkaProducer(
+                bootstrap_servers=self.settings.bootstrap_servers.split(","),
+                client_id=self.settings.client_id + "-dlq",
+                acks="all",
+                **_security(self.settings),
+            )
+        for bad in rejected:
+            topic = self._topic(bad.kind)
+            self._producer.send(
+                topic + self.settings.dlq_suffix,
+                value=bad.payload,
+                headers=[
+                    ("reason", bad.event.reason.value.encode()),
+                    ("detail", bad.event.detail.encode()[:1000]),
+                    ("source", f"{topic}/{bad.partition.split(':')[1]}@{bad.offset}".encode()),
+                ],
+            )
+        self._producer.flush()
+
+    def commit(self) -> None:
+        """Commit the positions reached by the last poll (call after the batch is durable)."""
+        self.consumer.commit()
+
+    def backlogged(self) -> list[str]:
+        """Assigned partitions known to hold unconsumed messages (from fetch metadata only)."""
+        names = []
+        for tp in self.consumer.assignment():
+            high = self.consumer.highwater(tp)
+            if high is not None and high > self.consumer.position(tp):
+                names.append(self.name(tp))
+        return names
+
+    def lag(self) -> dict[str, int]:
+        """Messages behind the end of each assigned partition."""
+        assigned = list(self.consumer.assignment())
+        if not assigned:
+            return {}
+        ends = self.consumer.end_offsets(assigned)
+        return {self.name(tp): max(0, ends[tp] - self.consumer.position(tp)) for tp in assigned}
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.close()
+        self.consumer.close(autocommit=False)

@@ -1,0 +1,162 @@
+"""End to end against the real Kafka broker and the real Redis server.
+
+The evaluator runs as a separate process (`python -m evaluator run`), exactly as
+a user runs it. Its Redis aggregates must equal `evaluator replay` on the same
+events; interactions that arrive after their request was finalised are counted
+as late instead of applied.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from typing import Any
+
+import pytest
+from kafka import KafkaConsumer
+
+from tests.eventgen import EventSet, generate
+from tests.live import new_env, stop, stream, to_payloads, wait_until
+from tests.livecheck import SENTINEL_VARIANT, compare_with_replay, sentinel
+
+pytestmark = pytest.mark.services
+
+BAD_IMPRESSIONS = [
+    b"{not json",
+    b'{"event_id": "x1", "items": []}',
+    json.dumps(
+        {
+            "event_id": "x2",
+            "request_id": "x2",
+            "user_id": "u",
+            "variant": "A",
+            "timestamp": 1,
+            "items": ["a", "a"],
+        }
+    ).encode(),
+]
+BAD_INTERACTIONS = [
+    json.dumps(
+        {"event_id": "y1", "user_id": "u", "item_id": "a", "type": "teleport", "timestamp": 1}
+    ).encode()
+]
+
+
+def dataset(seed: int, settings) -> tuple[EventSet, list[dict[str, Any]]]:
+    """Generated events (out of order, duplicated, user joins) plus a sentinel, and the
+    request-id interactions later than their request's deadline, held back to send late."""
+    events = generate(seed, requests=400)
+    shown = {e["request_id"]: e["timestamp"] for e in events.impressions}
+    config = settings.finalise_config()
+    late = [
+        it
+        for it in events.interactions
+        if "request_id" in it and it["timestamp"] > config.deadline(shown[it["request_id"]])
+    ]
+    late_ids = {id(it) for it in late}
+    events.interactions = [it for it in events.interactions if id(it) not in late_ids]
+    events.impressions.append(sentinel(events))
+    return events, late
+
+
+def expected_requests(events: EventSet) -> int:
+    return len({e["request_id"] for e in events.impressions if e["variant"] != SENTINEL_VARIANT})
+
+
+def produce_events(env, events: EventSet, seed: int, invalid: bool = True) -> None:
+    ordered = stream(
+        [("impressions", e) for e in events.impressions]
+        + [("interactions", e) for e in events.interactions],
+        seed,
+    )
+    imps = to_payloads(ordered, "impressions")
+    ints = to_payloads(ordered, "interactions")
+    if invalid:
+        imps += [("bad", p) for p in BAD_IMPRESSIONS]
+        ints += [("bad", p) for p in BAD_INTERACTIONS]
+    env.produce("impressions", imps)
+    env.produce("interactions", ints)
+
+
+def finish(env, events: EventSet, late: list[dict[str, Any]], procs, tmp_path) -> None:
+    """Wait for every request to finalise, send the late events, compare with replay."""
+    store = env.store()
+    want = expected_requests(events)
+    wait_until(
+        lambda: store.counters().get("finalised", 0) >= want,
+        120,
+        f"{want} requests are finalised",
+        procs,
+    )
+    env.produce("interactions", [(it["user_id"], json.dumps(it).encode()) for it in late])
+    distinct_late = len({it["event_id"] for it in late})
+    wait_until(
+        lambda: store.counters().get("late", 0) >= distinct_late,
+        60,
+        f"{distinct_late} late interactions are counted",
+        procs,
+    )
+    stop(procs)
+    assert store.counters()["finalised"] == want
+    assert store.counters()["late"] == distinct_late
+    # the only allowed difference: late interactions are counted, not applied, so the
+    # aggregates must equal replay of the events without them
+    compare_with_replay(store, events, env.settings(), tmp_path)
+    store.close()
+
+
+def dead_letters(env) -> list[tuple[str, dict[str, bytes]]]:
+    consumer = KafkaConsumer(
+        f"{env.name}-impressions.dlq",
+        f"{env.name}-interactions.dlq",
+        bootstrap_servers=env.bootstrap,
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=5_000,
+    )
+    out = [(m.topic, dict(m.headers)) for m in consumer]
+    consumer.close()
+    return out
+
+
+def test_live_run_equals_replay_and_dead_letters_bad_events(
+    kafka_bootstrap, redis_url, tmp_path
+) -> None:
+    env = new_env(kafka_bootstrap, redis_url)
+    events, late = dataset(31, env.settings())
+    assert late, "the data set must contain late interactions"
+    produce_events(env, events, 31)
+    proc = env.start(tmp_path / "run.log")
+    finish(env, events, late, [proc], tmp_path)
+    letters = dead_letters(env)
+    reasons = sorted(h["reason"].decode() for _, h in letters)
+    assert reasons == sorted(
+        ["undecodable", "missing_field", "duplicate_item", "unknown_interaction_type"]
+    )
+    assert all(h["source"].startswith(f"{env.name}-".encode()) for _, h in letters)
+
+
+def test_two_instances_give_the_same_aggregates(kafka_bootstrap, redis_url, tmp_path) -> None:
+    env = new_env(kafka_bootstrap, redis_url)
+    events, late = dataset(32, env.settings())
+    procs = [env.start(tmp_path / "a.log"), env.start(tmp_path / "b.log")]
+    produce_events(env, events, 32, invalid=False)
+    finish(env, events, late, procs, tmp_path)
+
+
+def test_sigkill_mid_stream_loses_and_doubles_nothing(kafka_bootstrap, redis_url, tmp_path) -> None:
+    env = new_env(kafka_bootstrap, redis_url)
+    events, late = dataset(33, env.settings())
+    produce_events(env, events, 33, invalid=False)
+    store = env.store()
+    first = env.start(tmp_path / "first.log")
+    wait_until(
+        lambda: store.counters().get("finalised", 0) > 20,
+        120,
+        "the first instance has finalised some requests",
+        [first],
+    )
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    assert store.counters()["finalised"] < expected_requests(events)
+    second = env.start(tmp_path / "second.log")
+    finish(env, events, late, [second], tmp_path)
