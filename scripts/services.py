@@ -109,6 +109,7 @@ def fetch_kafka() -> None:
             f"-DoutputDirectory={LIBS}",
         ],
         check=True,
+        stdout=sys.stderr,  # stdout carries only the settings, for `eval`
     )
     (LIBS / ".complete").touch()
 

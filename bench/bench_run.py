@@ -1,0 +1,190 @@
+"""Sustained events/s of one `evaluator run` process beside raw kafka-python consumption.
+
+    make services && eval "$(python3 scripts/services.py env)"
+    .venv/bin/python bench/bench_run.py [--requests 60000] [--repeats 3]
+
+Each repeat produces the same events to fresh topics (4 partitions each), then
+1. times a plain kafka-python consumer reading every message of both topics
+   (no decoding): the ceiling;
+2. starts `python -m evaluator run` and times it from its first committed offset
+   until every offset is committed (state durable in Redis).
+It also reports Redis memory per open request: impressions of 20 items are
+ingested with nothing finalised, and used_memory grows by that much per request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import redis
+from _common import machine
+from kafka import KafkaConsumer, KafkaProducer
+from kafka.admin import KafkaAdminClient, NewTopic
+
+ROOT = Path(__file__).resolve().parents[1]
+T0 = 1_700_000_000_000
+
+
+def events(requests: int, seed: int = 0) -> tuple[list[bytes], list[bytes]]:
+    rng = random.Random(seed)
+    imps, ints = [], []
+    for r in range(requests):
+        ts = T0 + r * 20
+        items = list(dict.fromkeys(f"p{rng.randrange(50_000)}" for _ in range(20)))
+        user = f"u{rng.randrange(max(1, requests // 4))}"
+        imps.append(
+            json.dumps(
+                {
+                    "event_id": f"i{r}",
+                    "request_id": f"r{r}",
+                    "user_id": user,
+                    "variant": "AB"[r % 2],
+                    "timestamp": ts,
+                    "items": items,
+                }
+            ).encode()
+        )
+        for n in range(rng.choice([0, 1, 1, 2])):
+            event = {
+                "event_id": f"e{r}-{n}",
+                "user_id": user,
+                "item_id": items[min(int(rng.expovariate(0.3)), len(items) - 1)],
+                "type": rng.choice(["click", "add_to_cart", "purchase"]),
+                "timestamp": ts + rng.randrange(1_000, 600_000),
+            }
+            if rng.random() < 0.7:
+                event["request_id"] = f"r{r}"
+            ints.append(json.dumps(event).encode())
+    return imps, ints
+
+
+def produce(bootstrap: str, name: str, imps: list[bytes], ints: list[bytes]) -> None:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    admin.create_topics([NewTopic(f"{name}-{k}", 4, 1) for k in ("impressions", "interactions")])
+    admin.close()
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=256_000, acks=1)
+    for topic, payloads in ((f"{name}-impressions", imps), (f"{name}-interactions", ints)):
+        for p in payloads:
+            producer.send(topic, p)
+    producer.flush()
+    producer.close()
+
+
+def raw_rate(bootstrap: str, name: str, total: int) -> float:
+    consumer = KafkaConsumer(
+        f"{name}-impressions",
+        f"{name}-interactions",
+        bootstrap_servers=bootstrap,
+        group_id=f"{name}-raw",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        max_poll_records=5000,
+    )
+    seen, start = 0, None
+    while seen < total:
+        records = consumer.poll(timeout_ms=500, max_records=5000)
+        if records and start is None:
+            start = time.perf_counter()
+        seen += sum(len(v) for v in records.values())
+    elapsed = time.perf_counter() - (start or time.perf_counter())
+    consumer.close()
+    return total / elapsed
+
+
+def committed(admin: KafkaAdminClient, group: str) -> int:
+    offsets = admin.list_group_offsets(group).get(group, {})
+    return sum(meta.offset for meta in offsets.values() if meta.offset > 0)
+
+
+def evaluator_rate(bootstrap: str, redis_url: str, name: str, total: int, log: Path) -> float:
+    env = {
+        **os.environ,
+        "EVALUATOR_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
+        "EVALUATOR_KAFKA__IMPRESSIONS_TOPIC": f"{name}-impressions",
+        "EVALUATOR_KAFKA__INTERACTIONS_TOPIC": f"{name}-interactions",
+        "EVALUATOR_KAFKA__GROUP_ID": f"{name}-eval",
+        "EVALUATOR_REDIS__URL": redis_url,
+        "EVALUATOR_REDIS__KEY_PREFIX": name,
+    }
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "evaluator", "run"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    start = None
+    try:
+        while True:
+            done = committed(admin, f"{name}-eval")
+            now = time.perf_counter()
+            if done and start is None:
+                start, first = now, done
+            if done >= total:
+                return (total - first) / (now - start)
+            if proc.poll() is not None:
+                raise SystemExit(f"evaluator exited; see {log}")
+            time.sleep(0.05)
+    finally:
+        proc.terminate()
+        proc.wait()
+        admin.close()
+
+
+def memory_per_request(bootstrap: str, redis_url: str, requests: int, log: Path) -> float:
+    """Redis bytes per open request: impressions only, far from any deadline."""
+    client = redis.Redis.from_url(redis_url)
+    name = f"bench-mem-{uuid.uuid4().hex[:6]}"
+    imps, _ = events(requests, seed=1)
+    before = client.info("memory")["used_memory"]
+    produce(bootstrap, name, imps, [])
+    evaluator_rate(bootstrap, redis_url, name, len(imps), log)
+    after = client.info("memory")["used_memory"]
+    return (after - before) / requests
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--requests", type=int, default=60_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    bootstrap = os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+    redis_url = os.environ["REDIS_URL"]
+    imps, ints = events(args.requests)
+    total = len(imps) + len(ints)
+    raws, evals = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.repeats):
+            name = f"bench-{uuid.uuid4().hex[:6]}"
+            produce(bootstrap, name, imps, ints)
+            raws.append(raw_rate(bootstrap, name, total))
+            evals.append(evaluator_rate(bootstrap, redis_url, name, total, Path(tmp) / f"{i}.log"))
+            print(
+                f"  run {i + 1}: raw {raws[-1]:,.0f} ev/s, evaluator {evals[-1]:,.0f} ev/s, "
+                f"ratio {evals[-1] / raws[-1]:.2f}"
+            )
+        mem = memory_per_request(bootstrap, redis_url, 20_000, Path(tmp) / "mem.log")
+    raw, ev = statistics.median(raws), statistics.median(evals)
+    print(f"machine: {machine()}")
+    print(
+        f"{total:,} events ({args.requests:,} impressions of 20 items), medians of {args.repeats}"
+    )
+    print(f"  raw kafka-python consumption: {raw:10,.0f} events/s (the ceiling)")
+    print(f"  evaluator run              : {ev:10,.0f} events/s  -> {ev / raw:.2f} of the ceiling")
+    print(f"  Redis memory per open request (20 items): {mem:,.0f} bytes")
+
+
+if __name__ == "__main__":
+    main()
