@@ -183,5 +183,3 @@ class Pipeline:
             self.stats.finalised += applied
             self.stats.outcomes.update(done.outcomes)
             total += applied
-            if len(due) < self.finalise_batch:
-                return total

@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 import numpy as np
+import numpy.typing as npt
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
@@ -27,6 +28,9 @@ from evaluator.stores.base import DueRequest, FloatArray, IngestCounts, Partitio
 from evaluator.windows import AggregateLayout, expand_shards, shard_of
 
 SEP = "\x1f"
+"""Separates items, and the parts of a pending interaction."""
+FIELD = "\x1e"
+"""Separates the fields of a stored request: user, variant, time, items."""
 MAX_LUA_VALUES = 7000
 """Redis' Lua unpacks at most ~8000 values at once; a block must stay below that."""
 
@@ -95,6 +99,7 @@ class RedisStore:
         self.block_ttl_s = (max(layout.windows_ms) * 2) // 1000 + 3600
         self._ingest = client.register_script(_script("ingest"))
         self._commit = client.register_script(_script("commit"))
+        self._load = client.register_script(_script("load"))
         self._progress = client.register_script(_script("progress"))
         self._meta = f"{{{prefix}:meta}}:"
 
@@ -124,16 +129,8 @@ class RedisStore:
         for event, ts, deadline, shard in zip(
             impressions.events, impressions.timestamp_ms, deadlines_ms, imp_shards, strict=True
         ):
-            per_shard[shard][0].append(
-                (
-                    event.request_id,
-                    event.user_id,
-                    event.variant,
-                    ts,
-                    deadline,
-                    SEP.join(event.items),
-                )
-            )
+            value = FIELD.join((event.user_id, event.variant, str(ts), SEP.join(event.items)))
+            per_shard[shard][0].append((event.request_id, event.user_id, ts, deadline, value))
         int_shards = shard_of([e.user_id for e in interactions.events], self.layout).tolist()
         for it, ts, grade, shard in zip(
             interactions.events,
@@ -174,109 +171,92 @@ class RedisStore:
         return counts
 
     def due(self, watermark_ms: int, limit: int) -> list[DueRequest]:
+        per_shard = max(64, limit // self.layout.shards)
         pipe = self.client.pipeline(transaction=False)
         for shard in range(self.layout.shards):
-            pipe.zrangebyscore(
-                self.tag(shard) + "dl", "-inf", watermark_ms, start=0, num=limit, withscores=True
-            )
-        found: list[tuple[float, int, str]] = []
-        for shard, rows in enumerate(pipe.execute()):
-            found += [(score, shard, rid.decode()) for rid, score in rows]
-        found.sort()
-        return [DueRequest(shard, rid) for _, shard, rid in found[:limit]]
+            pipe.zrangebyscore(self.tag(shard) + "dl", "-inf", watermark_ms, start=0, num=per_shard)
+        found = [
+            DueRequest(shard, _text(rid))
+            for shard, rids in enumerate(pipe.execute())
+            for rid in rids
+        ]
+        return found[:limit]
 
     def load(self, due: Sequence[DueRequest]) -> tuple[list[OpenRequest], dict[str, UserContext]]:
-        pipe = self.client.pipeline(transaction=False)
+        by_shard: dict[int, list[str]] = defaultdict(list)
         for shard, rid in due:
-            pipe.hgetall(f"{self.tag(shard)}r:{rid}")
-            pipe.hgetall(f"{self.tag(shard)}ri:{rid}")
-        replies = pipe.execute()
-        requests: list[OpenRequest] = []
-        user_shard: dict[str, int] = {}
-        stale = self.client.pipeline(transaction=False)
-        for i, (shard, rid) in enumerate(due):
-            state, pending = replies[2 * i], replies[2 * i + 1]
-            if not state:
-                stale.zrem(self.tag(shard) + "dl", rid)
-                continue
-            request = _decode_request(rid, state, pending)
-            requests.append(request)
-            user_shard[request.user_id] = shard
-        stale.execute()
-        return requests, self._contexts(user_shard, requests)
-
-    def _contexts(
-        self, user_shard: dict[str, int], requests: list[OpenRequest]
-    ) -> dict[str, UserContext]:
+            by_shard[shard].append(rid)
         pipe = self.client.pipeline(transaction=False)
-        users = list(user_shard)
-        for user in users:
-            tag = self.tag(user_shard[user])
-            pipe.zrange(f"{tag}ui:{user}", 0, -1, withscores=True)
-            pipe.zrange(f"{tag}ul:{user}", 0, -1, withscores=True)
-            pipe.zrange(f"{tag}uh:{user}", 0, -1, withscores=True)
-        replies = pipe.execute()
-        known = {r.request_id: r.items for r in requests}
-        contexts: dict[str, UserContext] = {}
-        missing: list[tuple[str, int]] = []
-        for j, user in enumerate(users):
-            imps, loose, hist = replies[3 * j : 3 * j + 3]
-            ctx = UserContext(
-                impression_ms=[int(s) for _, s in imps],
-                impression_ids=[m.decode() for m, _ in imps],
-                loose=[_decode_loose(m, s) for m, s in loose],
-                history_ms=sorted(int(s) for _, s in hist),
-            )
-            contexts[user] = ctx
-            missing += [(rid, user_shard[user]) for rid in ctx.impression_ids if rid not in known]
-        if missing:
-            pipe = self.client.pipeline(transaction=False)
-            for rid, shard in missing:
-                pipe.hget(f"{self.tag(shard)}r:{rid}", "i")
-            for (rid, _), items in zip(missing, pipe.execute(), strict=True):
-                known[rid] = items.decode().split(SEP) if items else []
-        for ctx in contexts.values():
-            ctx.impression_items = [known[rid] for rid in ctx.impression_ids]
-        return contexts
+        for shard, rids in by_shard.items():
+            self._load(keys=[self.tag(shard) + "dl"], args=[self.tag(shard), *rids], client=pipe)
+        requests: list[OpenRequest] = []
+        contexts: list[tuple[str, list[list[bytes]]]] = []
+        for found, users in pipe.execute():
+            for rid, value, pending in found:
+                requests.append(_decode_request(_text(rid), value, pending))
+            contexts += [(_text(user[0]), user[1:]) for user in users]
+        items = {r.request_id: r.items for r in requests}
+        return requests, {
+            uid: _decode_context(loose, hist, imps, others, items)
+            for uid, (loose, hist, imps, others) in contexts
+        }
 
     def commit(self, finalised: Finalised, prune_loose_before_ms: int | None = None) -> int:
         layout = self.layout
-        row_width = layout.row_width
-        per_shard: dict[int, list[Any]] = defaultdict(list)
-        shard_rows: dict[int, list[bytes]] = defaultdict(list)
-        starts = {w: layout.bucket_start(w, finalised.deadline_ms) for w in layout.windows_ms}
-        for i, request in enumerate(finalised.requests):
-            bucket = int(finalised.user_bucket[i])
-            shard = bucket % layout.shards
-            offset = int(finalised.cohort[i]) * layout.local_buckets + bucket // layout.shards
-            blocks = [
-                (
-                    f"{w}:{int(starts[w][i])}:{request.variant}",
-                    int(starts[w][i]),
-                    offset * row_width,
-                )
-                for w in layout.windows_ms
-            ]
-            per_shard[shard].append((request.request_id, request.user_id, request.variant, blocks))
-            shard_rows[shard].append(finalised.rows[i].astype("<f8").tobytes())
         prune = prune_loose_before_ms if prune_loose_before_ms is not None else -(2**62)
-        pipe = self.client.pipeline(transaction=False)
-        for shard, rows in per_shard.items():
-            self._commit(
-                keys=[self.tag(shard) + "dl"],
-                args=[
-                    self.tag(shard),
-                    msgspec.msgpack.encode(rows),
-                    self.state_ttl_s,
-                    self.block_ttl_s,
-                    int(np.prod(layout.block_shape)),
-                    row_width,
-                    prune,
-                    b"".join(shard_rows[shard]),
-                ],
-                client=pipe,
-            )
-        return sum(int(n) for n in pipe.execute())
+        shards = finalised.user_bucket % layout.shards
+        pending = {int(s): np.flatnonzero(shards == s) for s in np.unique(shards)}
+        applied = 0
+        while pending:
+            pipe = self.client.pipeline(transaction=False)
+            order = list(pending)
+            for shard in order:
+                meta, blocks, increments = self._increments(finalised, pending[shard])
+                self._commit(
+                    keys=[self.tag(shard) + "dl"],
+                    args=[
+                        self.tag(shard),
+                        msgspec.msgpack.encode((meta, blocks)),
+                        self.state_ttl_s,
+                        self.block_ttl_s,
+                        int(np.prod(layout.block_shape)),
+                        prune,
+                        increments,
+                    ],
+                    client=pipe,
+                )
+            retry: dict[int, npt.NDArray[np.intp]] = {}
+            for shard, (count, taken) in zip(order, pipe.execute(), strict=True):
+                applied += int(count)
+                if taken:
+                    gone = {_text(t) for t in taken}
+                    rows = pending[shard]
+                    keep = rows[[finalised.requests[i].request_id not in gone for i in rows]]
+                    if keep.size:
+                        retry[shard] = keep
+            pending = retry
+        return applied
+
+    def _increments(
+        self, finalised: Finalised, rows: npt.NDArray[np.intp]
+    ) -> tuple[list[tuple[str, str, str]], list[tuple[str, int]], bytes]:
+        """Per-block sums of the given requests' rows, ready for the commit script."""
+        layout = self.layout
+        requests = [finalised.requests[i] for i in rows]
+        meta = [(r.request_id, r.user_id, r.variant) for r in requests]
+        local = finalised.user_bucket[rows] // layout.shards
+        cohort = finalised.cohort[rows]
+        keys: dict[tuple[int, int, str], int] = {}
+        index = np.empty((len(layout.windows_ms), len(requests)), dtype=np.intp)
+        for w_i, window in enumerate(layout.windows_ms):
+            starts = layout.bucket_start(window, finalised.deadline_ms[rows]).tolist()
+            for r_i, (start, request) in enumerate(zip(starts, requests, strict=True)):
+                index[w_i, r_i] = keys.setdefault((window, start, request.variant), len(keys))
+        sums = np.zeros((len(keys), *layout.block_shape))
+        for w_i in range(len(layout.windows_ms)):
+            np.add.at(sums, (index[w_i], cohort, local), finalised.rows[rows])
+        blocks = [(f"{w}:{start}:{variant}", start) for (w, start, variant) in keys]
+        return meta, blocks, sums.astype("<f8").tobytes()
 
     def blocks(self, window_ms: int) -> dict[tuple[int, str], FloatArray]:
         pipe = self.client.pipeline(transaction=False)
@@ -336,24 +316,36 @@ def _text(value: bytes | str | None) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _decode_request(
-    rid: str, state: dict[bytes, bytes], pending: dict[bytes, bytes]
-) -> OpenRequest:
+def _decode_request(rid: str, value: bytes, pending: list[bytes]) -> OpenRequest:
+    user, variant, ts, items = value.decode().split(FIELD)
     interactions = []
-    for event_id, value in pending.items():
-        item, ts, grade = value.decode().split(SEP)
-        interactions.append(PendingInteraction(event_id.decode(), item, int(ts), float(grade)))
+    for k in range(0, len(pending), 2):
+        item, its, grade = pending[k + 1].decode().split(SEP)
+        interactions.append(PendingInteraction(pending[k].decode(), item, int(its), float(grade)))
     interactions.sort()
-    return OpenRequest(
-        rid,
-        state[b"u"].decode(),
-        state[b"v"].decode(),
-        int(state[b"t"]),
-        state[b"i"].decode().split(SEP),
-        interactions,
+    return OpenRequest(rid, user, variant, int(ts), items.split(SEP), interactions)
+
+
+def _decode_context(
+    loose: list[bytes],
+    hist: list[bytes],
+    imps: list[bytes],
+    others: list[bytes],
+    known: dict[str, list[str]],
+) -> UserContext:
+    """A user's context from the load script's flat (member, score) lists."""
+    items = dict(known)
+    for k in range(0, len(others), 2):
+        items[others[k].decode()] = others[k + 1].decode().split(FIELD)[3].split(SEP)
+    ids = [imps[k].decode() for k in range(0, len(imps), 2)]
+    pending = []
+    for k in range(0, len(loose), 2):
+        event_id, item, grade = loose[k].decode().split(SEP)
+        pending.append(PendingInteraction(event_id, item, int(loose[k + 1]), float(grade)))
+    return UserContext(
+        impression_ms=[int(imps[k + 1]) for k in range(0, len(imps), 2)],
+        impression_ids=ids,
+        impression_items=[items.get(rid, []) for rid in ids],
+        loose=pending,
+        history_ms=sorted(int(hist[k + 1]) for k in range(0, len(hist), 2)),
     )
-
-
-def _decode_loose(member: bytes, score: float) -> PendingInteraction:
-    event_id, item, grade = member.decode().split(SEP)
-    return PendingInteraction(event_id, item, int(score), float(grade))

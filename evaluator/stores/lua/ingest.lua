@@ -1,8 +1,8 @@
 -- Ingest one shard's events idempotently. All keys share the shard's hash tag.
--- KEYS[1] = <tag>dl (routing key)   ARGV[1] = key prefix with tag, e.g. "{recsys:3}:"
+-- KEYS[1] = <tag>dl (deadline index; routing key)   ARGV[1] = key prefix with tag
 -- ARGV[2] = msgpack {impressions, interactions}   ARGV[3] = state ttl s
 -- ARGV[4] = history cap   ARGV[5] = history ttl s   ARGV[6] = loose late-before ms
--- impression:  {request_id, user_id, variant, ts, deadline, items joined by \31}
+-- impression:  {request_id, user_id, ts, deadline, stored value}
 -- interaction: {event_id, user_id, request_id or "", ts, grade, pending value, loose member}
 local p = ARGV[1]
 local data = cmsgpack.unpack(ARGV[2])
@@ -13,15 +13,13 @@ local late_before = tonumber(ARGV[6])
 local dup, late = 0, 0
 for _, im in ipairs(data[1]) do
   local rid, uid = im[1], im[2]
-  local rk = p .. 'r:' .. rid
-  if redis.call('EXISTS', p .. 'f:' .. rid) == 1 or redis.call('HSETNX', rk, 'u', uid) == 0 then
+  if redis.call('EXISTS', p .. 'f:' .. rid) == 1
+      or not redis.call('SET', p .. 'r:' .. rid, im[5], 'NX', 'EX', ttl) then
     dup = dup + 1
   else
-    redis.call('HSET', rk, 'v', im[3], 't', im[4], 'd', im[5], 'i', im[6])
-    redis.call('EXPIRE', rk, ttl)
-    redis.call('ZADD', KEYS[1], im[5], rid)
+    redis.call('ZADD', KEYS[1], im[4], rid)
     local uk = p .. 'ui:' .. uid
-    redis.call('ZADD', uk, im[4], rid)
+    redis.call('ZADD', uk, im[3], rid)
     redis.call('EXPIRE', uk, ttl)
   end
 end
@@ -29,9 +27,10 @@ for _, it in ipairs(data[2]) do
   local eid, uid, rid, ts, grade = it[1], it[2], it[3], it[4], it[5]
   if grade > 0 then
     local hk = p .. 'uh:' .. uid
-    redis.call('ZADD', hk, ts, eid)
-    redis.call('ZREMRANGEBYRANK', hk, cap, -1)
-    redis.call('EXPIRE', hk, httl)
+    if redis.call('ZADD', hk, ts, eid) == 1 then
+      redis.call('ZREMRANGEBYRANK', hk, cap, -1)
+      redis.call('EXPIRE', hk, httl)
+    end
   end
   if rid ~= '' then
     local fk = p .. 'f:' .. rid
