@@ -1,0 +1,193 @@
+"""A/B statistics from user-bucket sufficient statistics: fixed-horizon and always valid.
+
+Randomisation is by user, so requests of one user are correlated; the unit of
+analysis is the user bucket (users hashed into ``user_buckets``). A variant's
+metric is a ratio of sums over buckets, ``R = Σ s_b / Σ n_b``, whose variance
+comes from the delta method:
+
+    Var(R) ≈ Σ_b (s_b − R n_b)² / (B (B − 1) n̄²),   n̄ = Σ n_b / B.
+
+Two tests on the difference ``Δ = R_variant − R_control``:
+
+* **fixed**: Welch's z-test, valid only if looked at once;
+* **sequential**: an always-valid confidence sequence from the normal-mixture
+  boundary (Howard et al. 2021; Waudby-Smith et al.), the form used by
+  GrowthBook's sequential engine, with tuning parameter N* (default 5000): the
+  sample size at which the interval is tightest. It stays valid however often it
+  is looked at. :class:`SequentialTracker` keeps the running intersection of the
+  intervals and the running minimum of the p-value.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class RatioEstimate:
+    """A ratio-of-sums mean, its delta-method variance, and the observations behind it."""
+
+    mean: float
+    variance: float
+    count: float
+
+
+def ratio_estimate(sums: FloatArray, counts: FloatArray) -> RatioEstimate:
+    """Mean and delta-method variance from per-bucket sums and counts (buckets = units)."""
+    sums = np.asarray(sums, dtype=np.float64)
+    counts = np.asarray(counts, dtype=np.float64)
+    total = float(counts.sum())
+    if total <= 0:
+        return RatioEstimate(math.nan, math.nan, 0.0)
+    mean = float(sums.sum()) / total
+    buckets = int(np.count_nonzero(counts))
+    if buckets < 2:
+        return RatioEstimate(mean, math.nan, total)
+    n_bar = total / buckets
+    resid = (sums - mean * counts)[counts > 0]
+    variance = float(resid @ resid) / (buckets * (buckets - 1) * n_bar * n_bar)
+    return RatioEstimate(mean, variance, total)
+
+
+def _normal_sf(z: float) -> float:
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+def _normal_ppf(p: float) -> float:
+    """Inverse standard normal CDF by bisection on erfc (no SciPy needed)."""
+    lo, hi = -40.0, 40.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if 1 - _normal_sf(mid) < p:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+@dataclass(frozen=True, slots=True)
+class DiffResult:
+    """Variant minus control, its interval, and a p-value."""
+
+    diff: float
+    lower: float
+    upper: float
+    p_value: float
+    control: float
+    """The control's mean; relative lift = diff / control."""
+
+    def lift(self) -> tuple[float, float, float]:
+        """Relative lift and its bounds (NaN when the control mean is 0)."""
+        if not self.control or not math.isfinite(self.control):
+            return math.nan, math.nan, math.nan
+        c = self.control
+        return self.diff / c, self.lower / c, self.upper / c
+
+
+def _with_lift(diff: float, half: float, p: float, control: float) -> DiffResult:
+    return DiffResult(diff, diff - half, diff + half, p, control)
+
+
+def fixed_horizon(
+    control: RatioEstimate, variant: RatioEstimate, alpha: float = 0.05
+) -> DiffResult:
+    """Welch z-test on the difference; valid for a single look only."""
+    diff = variant.mean - control.mean
+    se = math.sqrt(control.variance + variant.variance)
+    if not math.isfinite(se) or se == 0:
+        return _with_lift(diff, math.nan, math.nan, control.mean)
+    p = 2 * _normal_sf(abs(diff) / se)
+    return _with_lift(diff, _normal_ppf(1 - alpha / 2) * se, p, control.mean)
+
+
+def mixture_rho(tuning: float, alpha: float) -> float:
+    """Mixture scale that makes the boundary tightest at ``tuning`` observations."""
+    la = -2 * math.log(alpha)
+    return math.sqrt((la + math.log(la + 1)) / tuning)
+
+
+def sequential(
+    control: RatioEstimate, variant: RatioEstimate, alpha: float = 0.05, tuning: float = 5000.0
+) -> DiffResult:
+    """Always-valid interval and p-value for the difference (normal-mixture boundary).
+
+    With ``n`` observations and ``V`` the variance of the difference, the
+    per-observation variance is ``σ² = nV`` and the half-width is
+    ``σ·sqrt(2(nρ²+1)/(n²ρ²) · ln(sqrt(nρ²+1)/α))``. The p-value is the
+    reciprocal of the mixture likelihood ratio, capped at 1.
+    """
+    diff = variant.mean - control.mean
+    n = control.count + variant.count
+    var = control.variance + variant.variance
+    if not (math.isfinite(var) and var > 0 and n > 0):
+        return _with_lift(diff, math.nan, math.nan, control.mean)
+    sigma2 = n * var
+    rho2 = mixture_rho(tuning, alpha) ** 2
+    growth = n * rho2 + 1
+    half = math.sqrt(sigma2 * 2 * growth / (n * n * rho2) * math.log(math.sqrt(growth) / alpha))
+    log_lr = n * n * rho2 * diff * diff / (2 * sigma2 * growth) - 0.5 * math.log(growth)
+    p = 1.0 if log_lr <= 0 else min(1.0, math.exp(-log_lr))
+    return _with_lift(diff, half, p, control.mean)
+
+
+class SequentialTracker:
+    """Running intersection of always-valid intervals and running minimum p-value, per key."""
+
+    def __init__(self) -> None:
+        self._state: dict[tuple[str, ...], tuple[float, float, float]] = {}
+
+    def update(self, key: tuple[str, ...], result: DiffResult) -> DiffResult:
+        lower, upper, p = result.lower, result.upper, result.p_value
+        if not (math.isfinite(lower) and math.isfinite(upper)):
+            return result
+        old = self._state.get(key)
+        if old is not None:
+            lower, upper, p = max(lower, old[0]), min(upper, old[1]), min(p, old[2])
+        self._state[key] = (lower, upper, p)
+        return DiffResult(result.diff, lower, upper, p, result.control)
+
+
+def srm_p_value(counts: FloatArray, weights: FloatArray | None = None) -> float:
+    """Sample-ratio-mismatch chi-square test of counts against the expected split."""
+    counts = np.asarray(counts, dtype=np.float64)
+    k = counts.size
+    total = counts.sum()
+    if k < 2 or total <= 0:
+        return math.nan
+    share = np.full(k, 1.0 / k) if weights is None else np.asarray(weights) / np.sum(weights)
+    expected = total * share
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    return _chi2_sf(chi2, k - 1)
+
+
+def _chi2_sf(x: float, dof: int) -> float:
+    """Upper tail of the chi-square distribution (regularised incomplete gamma, series)."""
+    if x <= 0:
+        return 1.0
+    a, z = dof / 2.0, x / 2.0
+    if z > a + 1:  # continued fraction for the upper tail
+        b, c, d = z + 1 - a, 1e300, 1 / (z + 1 - a)
+        h = d
+        for i in range(1, 300):
+            an = -i * (i - a)
+            b += 2
+            d = an * d + b
+            d = 1 / d if abs(d) > 1e-300 else 1e300
+            c = b + an / c if abs(c) > 1e-300 else 1e-300
+            h *= d * c
+            if abs(d * c - 1) < 1e-15:
+                break
+        return math.exp(-z + a * math.log(z) - math.lgamma(a)) * h
+    term = total = 1 / a
+    for i in range(1, 500):
+        term *= z / (a + i)
+        total += term
+        if term < total * 1e-16:
+            break
+    return max(0.0, 1 - math.exp(-z + a * math.log(z) - math.lgamma(a)) * total)
