@@ -213,6 +213,37 @@ class WindowSettings(msgspec.Struct, forbid_unknown_fields=True):
         return sorted({_duration("sizes", s) for s in self.sizes})
 
 
+class ABSettings(msgspec.Struct, forbid_unknown_fields=True):
+    control: str = ""
+    """The control variant; empty: the alphabetically first variant seen."""
+    alpha: float = 0.05
+    tuning: float = 5000.0
+    """N* of the always-valid test: the sample size where its interval is tightest."""
+    max_variants: int = 20
+    variants: list[str] = msgspec.field(default_factory=list)
+    """Allow-list of variants exported as labels; others are folded into ``other``."""
+    split: dict[str, float] = msgspec.field(default_factory=dict)
+    """Expected traffic share per variant for the SRM test; empty: equal split."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.alpha < 1:
+            raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
+        if self.tuning <= 0:
+            raise ValueError("tuning must be > 0")
+        if self.max_variants < 1:
+            raise ValueError("max_variants must be >= 1")
+
+
+class HttpSettings(msgspec.Struct, forbid_unknown_fields=True):
+    host: str = "0.0.0.0"
+    port: int = 9108
+    """/metrics, /healthz and /readyz; 0 disables the server."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0..65535, got {self.port}")
+
+
 class Settings(msgspec.Struct, forbid_unknown_fields=True):
     """The whole configuration; see ``docs/configuration.md``."""
 
@@ -226,6 +257,8 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     windows: WindowSettings = msgspec.field(default_factory=WindowSettings)
     kafka: KafkaSettings = msgspec.field(default_factory=KafkaSettings)
     redis: RedisSettings = msgspec.field(default_factory=RedisSettings)
+    ab: ABSettings = msgspec.field(default_factory=ABSettings)
+    http: HttpSettings = msgspec.field(default_factory=HttpSettings)
 
     def __post_init__(self) -> None:
         if self.windows.user_buckets % self.redis.shards:

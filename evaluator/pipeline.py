@@ -65,6 +65,8 @@ class PipelineStats:
     duplicates: int = 0
     late: int = 0
     finalised: int = 0
+    dead_lettered: int = 0
+    store_errors: int = 0
     outcomes: Counter[str] = field(default_factory=Counter)
 
 

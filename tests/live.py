@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import socket
 import subprocess
 import sys
 import time
@@ -66,8 +67,8 @@ class LiveEnv:
         producer.flush()
         producer.close()
 
-    def start(self, log: Path) -> subprocess.Popen[bytes]:
-        env = {**os.environ, **self.environ}
+    def start(self, log: Path, http_port: int | None = None) -> subprocess.Popen[bytes]:
+        env = {**os.environ, **self.environ, "EVALUATOR_HTTP__PORT": str(http_port or free_port())}
         handle = open(log, "ab")  # noqa: SIM115 - owned by the child process
         return subprocess.Popen(
             [sys.executable, "-m", "evaluator", "run"],
@@ -79,6 +80,12 @@ class LiveEnv:
 
     def store(self) -> RedisStore:
         return RedisStore(connect(self.redis_url), self.settings().layout(), prefix=self.name)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def new_env(bootstrap: str, redis_url: str) -> LiveEnv:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import signal
+import urllib.request
 from typing import Any
 
 import pytest
 from kafka import KafkaConsumer
 
 from tests.eventgen import EventSet, generate
-from tests.live import new_env, stop, stream, to_payloads, wait_until
+from tests.live import free_port, new_env, stop, stream, to_payloads, wait_until
 from tests.livecheck import SENTINEL_VARIANT, compare_with_replay, sentinel
 
 pytestmark = pytest.mark.services
@@ -78,7 +79,9 @@ def produce_events(env, events: EventSet, seed: int, invalid: bool = True) -> No
     env.produce("interactions", ints)
 
 
-def finish(env, events: EventSet, late: list[dict[str, Any]], procs, tmp_path) -> None:
+def finish(
+    env, events: EventSet, late: list[dict[str, Any]], procs, tmp_path, before_stop=None
+) -> None:
     """Wait for every request to finalise, send the late events, compare with replay."""
     store = env.store()
     want = expected_requests(events)
@@ -96,6 +99,8 @@ def finish(env, events: EventSet, late: list[dict[str, Any]], procs, tmp_path) -
         f"{distinct_late} late interactions are counted",
         procs,
     )
+    if before_stop is not None:
+        before_stop()
     stop(procs)
     assert store.counters()["finalised"] == want
     assert store.counters()["late"] == distinct_late
@@ -125,8 +130,19 @@ def test_live_run_equals_replay_and_dead_letters_bad_events(
     events, late = dataset(31, env.settings())
     assert late, "the data set must contain late interactions"
     produce_events(env, events, 31)
-    proc = env.start(tmp_path / "run.log")
-    finish(env, events, late, [proc], tmp_path)
+    port = free_port()
+    proc = env.start(tmp_path / "run.log", http_port=port)
+
+    def scrape() -> None:
+        base = f"http://127.0.0.1:{port}"
+        with urllib.request.urlopen(base + "/readyz") as reply:
+            assert reply.status == 200
+        with urllib.request.urlopen(base + "/metrics") as reply:
+            text = reply.read().decode()
+        assert "recsys_eval_ndcg{" in text and 'window="24h"' in text
+        assert "recsys_eval_invalid_events_total" in text
+
+    finish(env, events, late, [proc], tmp_path, before_stop=scrape)
     letters = dead_letters(env)
     reasons = sorted(h["reason"].decode() for _, h in letters)
     assert reasons == sorted(

@@ -8,8 +8,12 @@ import threading
 import time
 from types import FrameType
 
+from prometheus_client import CollectorRegistry
+
 from evaluator.config import Settings
-from evaluator.pipeline import PartitionBatch, Pipeline
+from evaluator.exporters.http import serve
+from evaluator.exporters.prometheus import PipelineCollector, WindowCollector
+from evaluator.pipeline import PartitionBatch, Pipeline, wall_clock_ms
 from evaluator.sources.kafka import KafkaSource
 from evaluator.stores.redis import RedisStore, connect
 from evaluator.timeutil import parse_duration_ms
@@ -52,13 +56,52 @@ def _process_with_retry(
         try:
             rejected = pipeline.process(batches)
             source.dead_letter(rejected)
+            pipeline.stats.dead_lettered += len(rejected) if source.settings.dlq_suffix else 0
             source.commit()
             return True
         except Exception as exc:  # any failure: retry the batch, never commit
+            pipeline.stats.store_errors += 1
             log.error("batch failed, retrying in %.1fs without committing offsets: %s", delay, exc)
             stop.wait(delay)
             delay = min(delay * 2, MAX_BACKOFF_S)
     return False
+
+
+class _Health:
+    """Liveness and readiness as seen from the HTTP thread (no Kafka calls there)."""
+
+    def __init__(self, store: RedisStore, stall_after_s: float = 120.0) -> None:
+        self.store = store
+        self.stall_after_s = stall_after_s
+        self.beat = time.monotonic()
+        self.assigned: list[str] = []
+        self.lag: dict[str, int] = {}
+
+    def alive(self) -> bool:
+        return time.monotonic() - self.beat < self.stall_after_s
+
+    def ready(self) -> tuple[bool, str]:
+        try:
+            self.store.ping()
+        except Exception as exc:  # readiness reports any Redis failure
+            return False, f"redis unreachable: {exc}"
+        if not self.assigned:
+            return False, "no Kafka partitions assigned"
+        return True, f"ready: {len(self.assigned)} partitions"
+
+
+def _serve_metrics(
+    settings: Settings, store: RedisStore, pipeline: Pipeline, health: _Health
+) -> None:
+    if not settings.http.port:
+        return
+    registry = CollectorRegistry()
+    registry.register(WindowCollector(store, settings, pipeline.watermark))
+    registry.register(
+        PipelineCollector(pipeline.stats, lambda: health.lag, pipeline.watermark, wall_clock_ms)
+    )
+    server = serve(registry, settings.http.host, settings.http.port, health.alive, health.ready)
+    log.info("serving /metrics, /healthz, /readyz on %s:%d", *server.server_address[:2])
 
 
 def run(settings: Settings, stop: threading.Event | None = None) -> int:
@@ -66,9 +109,14 @@ def run(settings: Settings, stop: threading.Event | None = None) -> int:
     stop = stop or threading.Event()
     store = build_store(settings)
     pipeline = Pipeline(store, settings)
-    source = KafkaSource(
-        settings.kafka, parse_duration_ms(settings.kafka.poll_timeout), pipeline.register
-    )
+    health = _Health(store)
+
+    def on_assign(names: list[str]) -> None:
+        health.assigned = names
+        pipeline.register(names)
+
+    source = KafkaSource(settings.kafka, parse_duration_ms(settings.kafka.poll_timeout), on_assign)
+    _serve_metrics(settings, store, pipeline, health)
     log.info(
         "consuming %s and %s as group %s; state in Redis prefix %s",
         settings.kafka.impressions_topic,
@@ -76,8 +124,10 @@ def run(settings: Settings, stop: threading.Event | None = None) -> int:
         settings.kafka.group_id,
         settings.redis.key_prefix,
     )
+    next_lag = 0.0
     try:
         while not stop.is_set():
+            health.beat = time.monotonic()
             batches = source.poll()
             if batches:
                 if not _process_with_retry(pipeline, source, batches, stop):
@@ -87,8 +137,12 @@ def run(settings: Settings, stop: threading.Event | None = None) -> int:
                 try:
                     pipeline.finalise_due()
                 except Exception as exc:  # retried on the next idle poll
+                    pipeline.stats.store_errors += 1
                     log.error("finalisation failed, will retry: %s", exc)
-                    time.sleep(0.5)
+                    stop.wait(0.5)
+            if time.monotonic() >= next_lag:
+                health.lag = source.lag()
+                next_lag = time.monotonic() + 5.0
     finally:
         source.close()
         store.close()

@@ -1,0 +1,1 @@
+"""Exporters: Prometheus metrics and the HTTP endpoints that serve them."""

@@ -1,0 +1,291 @@
+"""Prometheus export: window metrics read from the state store at scrape time, plus
+process counters.
+
+Window metrics come from the shared store, so every instance reports the same
+global values and a restart loses nothing; aggregate across instances with
+``max by (...)`` (or ``avg``), never ``sum``. Process counters are per instance;
+aggregate them with ``sum``. Labels are bounded: variants are capped
+(``ab.max_variants`` or the ``ab.variants`` allow-list, the rest folded into
+``other``) and no user or item id ever becomes a label.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from evaluator.config import Settings
+from evaluator.pipeline import PipelineStats
+from evaluator.stats import (
+    SequentialTracker,
+    fixed_horizon,
+    ratio_estimate,
+    sequential,
+    srm_p_value,
+)
+from evaluator.stores.base import FloatArray, StateStore
+from evaluator.timeutil import format_duration_ms, parse_duration_ms
+from evaluator.windows_read import cap_variants, window_totals
+
+COHORTS = {"all": None, "cold_start": 0, "established": 1}
+RATE_METRICS = {"mrr": "mrr", "hit_rate": "hit_rate", "precision": "precision", "recall": "recall"}
+
+
+@dataclass(slots=True)
+class _Families:
+    """The gauge families of one scrape, keyed by metric name."""
+
+    gauges: dict[str, GaugeMetricFamily]
+    labels: dict[str, list[str]]
+
+    def add(self, name: str, labels: dict[str, str], value: float) -> None:
+        """Add a sample; NaN (no data yet) is left out rather than exported."""
+        if math.isfinite(value):
+            self.gauges[name].add_metric([labels[k] for k in self.labels[name]], value)
+
+
+def _families() -> _Families:
+    spec = {
+        "recsys_eval_ndcg": (
+            "Mean nDCG@K over requests finalised in the window.",
+            ["variant", "k", "window", "adjusted", "cohort"],
+        ),
+        "recsys_eval_requests": (
+            "Requests finalised in the window.",
+            ["variant", "window", "cohort"],
+        ),
+        "recsys_eval_engaged_requests": (
+            "Finalised requests with a relevant item.",
+            ["variant", "window", "cohort"],
+        ),
+        "recsys_eval_mrr": ("Mean MRR@K in the window.", ["variant", "k", "window", "cohort"]),
+        "recsys_eval_hit_rate": ("HitRate@K in the window.", ["variant", "k", "window", "cohort"]),
+        "recsys_eval_precision": (
+            "Mean Precision@K in the window.",
+            ["variant", "k", "window", "cohort"],
+        ),
+        "recsys_eval_recall": (
+            "Mean Recall@K in the window.",
+            ["variant", "k", "window", "cohort"],
+        ),
+        "recsys_eval_composite_score": (
+            "Configured weighted sum of metrics (per-request terms).",
+            ["variant", "window"],
+        ),
+        "recsys_eval_watermark_seconds": ("Event-time watermark (Unix seconds).", []),
+        "recsys_eval_srm_p_value": (
+            "Sample-ratio-mismatch chi-square p-value.",
+            ["experiment", "window"],
+        ),
+    }
+    ab = ["variant", "control", "k", "window", "adjusted"]
+    for suffix, text in (
+        ("", "Variant minus control, mean nDCG@K."),
+        ("_lower", "Lower always-valid 95% bound of the difference."),
+        ("_upper", "Upper always-valid 95% bound of the difference."),
+    ):
+        spec["recsys_eval_ab_ndcg_diff" + suffix] = (text, ab)
+        spec["recsys_eval_ab_ndcg_lift" + suffix] = (
+            text.replace("Variant minus control", "Relative lift"),
+            ab,
+        )
+    spec["recsys_eval_ab_p_value"] = ("p-value of variant vs control.", [*ab, "method"])
+    return _Families(
+        {n: GaugeMetricFamily(n, d, labels=lab) for n, (d, lab) in spec.items()},
+        {n: lab for n, (_, lab) in spec.items()},
+    )
+
+
+class WindowCollector(Collector):
+    """Reads window aggregates from the store when Prometheus scrapes."""
+
+    def __init__(
+        self, store: StateStore, settings: Settings, watermark: Callable[[], int | None]
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.layout = store.layout
+        self.watermark = watermark
+        self.tracker = SequentialTracker()
+        self.window_label = {
+            parse_duration_ms(size): size.strip()
+            if isinstance(size, str)
+            else format_duration_ms(size)
+            for size in settings.windows.sizes
+        }
+        columns = self.layout.columns()
+        self.col = {mk: 2 + i for i, mk in enumerate(columns)}
+        self.n_values = len(columns)
+
+    def collect(self) -> Iterator[Metric]:
+        fam = _families()
+        frontier = self.watermark()
+        if frontier is not None:
+            fam.add("recsys_eval_watermark_seconds", {}, frontier / 1000.0)
+            for window in self.layout.windows_ms:
+                self._window(fam, window, frontier)
+        yield from fam.gauges.values()
+
+    def _window(self, fam: _Families, window: int, frontier: int) -> None:
+        ab = self.settings.ab
+        totals = cap_variants(
+            window_totals(self.store.blocks(window), window, frontier, self.layout),
+            ab.variants,
+            ab.max_variants,
+        )
+        label = self.window_label.get(window, format_duration_ms(window))
+        for variant, block in totals.items():
+            self._variant(fam, variant, block, label)
+        if len(totals) >= 2:
+            self._ab(fam, totals, label)
+            counts = [float(b[..., 0].sum()) for b in totals.values()]
+            weights = [ab.split.get(v, 0.0) for v in totals] if ab.split else None
+            fam.add(
+                "recsys_eval_srm_p_value",
+                {"experiment": "default", "window": label},
+                srm_p_value(np.asarray(counts), None if weights is None else np.asarray(weights)),
+            )
+
+    def _mean(self, block: FloatArray, metric: str, k: int) -> float:
+        denom_col = 1 if self.settings.metrics.zero_relevance == "skip" else 0
+        denom = float(block[..., denom_col].sum())
+        return float(block[..., self.col[(metric, k)]].sum()) / denom if denom else math.nan
+
+    def _variant(self, fam: _Families, variant: str, block: FloatArray, window: str) -> None:
+        composite = 0.0
+        for cohort, index in COHORTS.items():
+            part = block if index is None else block[index]
+            base = {"variant": variant, "window": window, "cohort": cohort}
+            fam.add("recsys_eval_requests", base, float(part[..., 0].sum()))
+            fam.add("recsys_eval_engaged_requests", base, float(part[..., 1].sum()))
+            for k in self.layout.ks:
+                kl = {**base, "k": str(k)}
+                fam.add(
+                    "recsys_eval_ndcg", {**kl, "adjusted": "false"}, self._mean(part, "ndcg", k)
+                )
+                fam.add(
+                    "recsys_eval_ndcg",
+                    {**kl, "adjusted": "true"},
+                    self._mean(part, "ndcg_adjusted", k),
+                )
+                for name, metric in RATE_METRICS.items():
+                    fam.add(f"recsys_eval_{name}", kl, self._mean(part, metric, k))
+        for name, weight in self.settings.metrics.composite.items():
+            metric, _, cut = name.partition("@")
+            if cut and (metric, int(cut)) in self.col:
+                composite += weight * self._mean(block, metric, int(cut))
+        fam.add("recsys_eval_composite_score", {"variant": variant, "window": window}, composite)
+
+    def _ab(self, fam: _Families, totals: dict[str, FloatArray], window: str) -> None:
+        ab = self.settings.ab
+        control = ab.control if ab.control in totals else sorted(totals)[0]
+        for k in self.layout.ks:
+            for adjusted, metric in (("false", "ndcg"), ("true", "ndcg_adjusted")):
+                col = self.col[(metric, k)]
+                ref = totals[control].sum(axis=0)
+                c_est = ratio_estimate(ref[:, col], ref[:, 0])
+                for variant, block in totals.items():
+                    if variant == control:
+                        continue
+                    per = block.sum(axis=0)
+                    v_est = ratio_estimate(per[:, col], per[:, 0])
+                    labels = {
+                        "variant": variant,
+                        "control": control,
+                        "k": str(k),
+                        "window": window,
+                        "adjusted": adjusted,
+                    }
+                    seq = self.tracker.update(
+                        tuple(labels.values()), sequential(c_est, v_est, ab.alpha, ab.tuning)
+                    )
+                    fixed = fixed_horizon(c_est, v_est, ab.alpha)
+                    lift = seq.lift()
+                    for suffix, value, lifted in (
+                        ("", seq.diff, lift[0]),
+                        ("_lower", seq.lower, lift[1]),
+                        ("_upper", seq.upper, lift[2]),
+                    ):
+                        fam.add("recsys_eval_ab_ndcg_diff" + suffix, labels, value)
+                        fam.add("recsys_eval_ab_ndcg_lift" + suffix, labels, lifted)
+                    fam.add(
+                        "recsys_eval_ab_p_value", {**labels, "method": "sequential"}, seq.p_value
+                    )
+                    fam.add("recsys_eval_ab_p_value", {**labels, "method": "fixed"}, fixed.p_value)
+
+
+class PipelineCollector(Collector):
+    """Process counters of this instance's pipeline."""
+
+    def __init__(
+        self,
+        stats: PipelineStats,
+        lag: Callable[[], dict[str, int]] = dict,
+        watermark: Callable[[], int | None] = lambda: None,
+        clock_ms: Callable[[], int] = lambda: 0,
+    ) -> None:
+        self.stats = stats
+        self.lag = lag
+        self.watermark = watermark
+        self.clock_ms = clock_ms
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.stats
+        consumed = CounterMetricFamily(
+            "recsys_eval_events_consumed", "Messages consumed.", labels=["topic"]
+        )
+        for kind, n in sorted(s.consumed.items()):
+            consumed.add_metric([kind], n)
+        invalid = CounterMetricFamily(
+            "recsys_eval_invalid_events", "Invalid events by reason.", labels=["reason"]
+        )
+        for reason, n in sorted(s.invalid.items()):
+            invalid.add_metric([reason], n)
+        unmatched = CounterMetricFamily(
+            "recsys_eval_unmatched_interactions",
+            "Interactions a finalised request did not attribute.",
+            labels=["reason"],
+        )
+        for reason, n in sorted(s.outcomes.items()):
+            if reason != "attributed":
+                unmatched.add_metric([str(reason)], n)
+        yield consumed
+        yield invalid
+        yield unmatched
+        counters: tuple[tuple[str, str, int], ...] = (
+            (
+                "recsys_eval_dead_lettered",
+                "Messages copied to a dead-letter topic.",
+                s.dead_lettered,
+            ),
+            ("recsys_eval_late_events", "Interactions for requests already finalised.", s.late),
+            ("recsys_eval_duplicate_events", "Repeated events ignored.", s.duplicates),
+            ("recsys_eval_finalised_requests", "Requests finalised by this instance.", s.finalised),
+            (
+                "recsys_eval_redis_errors",
+                "Failed state-store operations (retried).",
+                s.store_errors,
+            ),
+        )
+        for name, text, value in counters:
+            yield CounterMetricFamily(name, text, value=value)
+        lag = GaugeMetricFamily(
+            "recsys_eval_consumer_lag_messages",
+            "Messages behind the partition end.",
+            labels=["partition"],
+        )
+        for partition, n in sorted(self.lag().items()):
+            lag.add_metric([partition], n)
+        yield lag
+        watermark = self.watermark()
+        if watermark is not None:
+            yield GaugeMetricFamily(
+                "recsys_eval_watermark_delay_seconds",
+                "Wall clock minus event-time watermark.",
+                value=max(0.0, (self.clock_ms() - watermark) / 1000.0),
+            )

@@ -1,0 +1,50 @@
+"""Reading sliding windows back: sum the buckets a window covers, per variant."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from evaluator.stores.base import FloatArray
+from evaluator.windows import AggregateLayout
+
+OTHER = "other"
+
+
+def window_totals(
+    blocks: Mapping[tuple[int, str], FloatArray],
+    window_ms: int,
+    frontier_ms: int,
+    layout: AggregateLayout,
+) -> dict[str, FloatArray]:
+    """Per variant, the sum of the buckets starting in ``(frontier - window, frontier]``.
+
+    Buckets are aligned, so the window is exact to one bucket width
+    (``window / buckets_per_window``).
+    """
+    lo = frontier_ms - window_ms
+    out: dict[str, FloatArray] = {}
+    for (start, variant), block in blocks.items():
+        if lo < start + layout.bucket_width(window_ms) and start <= frontier_ms:
+            if variant in out:
+                out[variant] = out[variant] + block
+            else:
+                out[variant] = block.copy()
+    return out
+
+
+def cap_variants(
+    totals: dict[str, FloatArray], allow: list[str], max_variants: int
+) -> dict[str, FloatArray]:
+    """Keep allowed variants (or the busiest ``max_variants``); fold the rest into ``other``."""
+    if allow:
+        keep = [v for v in totals if v in allow]
+    else:
+        ranked = sorted(totals, key=lambda v: (-float(totals[v][..., 0].sum()), v))
+        keep = ranked[:max_variants]
+    out = {v: totals[v] for v in keep}
+    rest = [totals[v] for v in totals if v not in out]
+    if rest:
+        out[OTHER] = np.sum(rest, axis=0)
+    return out

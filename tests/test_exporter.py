@@ -1,0 +1,129 @@
+"""Prometheus export: names, labels and values against replay; HTTP endpoints."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from evaluator.commands.replay import evaluate_files
+from evaluator.config import load_settings
+from evaluator.exporters.http import serve
+from evaluator.exporters.prometheus import PipelineCollector, WindowCollector
+from evaluator.pipeline import Pipeline
+from evaluator.stores.memory import MemoryStore
+from evaluator.windows_read import OTHER, cap_variants
+from tests.eventgen import generate
+from tests.livecheck import SENTINEL_VARIANT, FakeClock, feed, sentinel
+
+
+def samples(registry: CollectorRegistry) -> dict[str, list]:
+    text = generate_latest(registry).decode()
+    out: dict[str, list] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append(sample)
+    return out
+
+
+@pytest.fixture(scope="module")
+def scraped(tmp_path_factory):
+    settings = load_settings(environ={})
+    store = MemoryStore(settings.layout())
+    pipeline = Pipeline(store, settings, clock_ms=FakeClock())
+    events = generate(41, requests=400)
+    events.impressions.append(sentinel(events, after_ms=3_600_000))
+    feed(pipeline, events, 41)
+    registry = CollectorRegistry()
+    registry.register(WindowCollector(store, settings, pipeline.watermark))
+    registry.register(PipelineCollector(pipeline.stats, watermark=pipeline.watermark))
+    imp, inter = events.write(tmp_path_factory.mktemp("replay"))
+    report = evaluate_files(imp, inter, settings, progress=False)
+    return samples(registry), report
+
+
+def pick(found, name, **labels):
+    matches = [s.value for s in found[name] if all(s.labels.get(k) == v for k, v in labels.items())]
+    assert len(matches) == 1, (name, labels, len(matches))
+    return matches[0]
+
+
+def test_window_metrics_equal_replay(scraped) -> None:
+    found, report = scraped
+    for variant, block in report["variants"].items():
+        if variant == SENTINEL_VARIANT:
+            continue
+        assert (
+            pick(found, "recsys_eval_requests", variant=variant, window="24h", cohort="all")
+            == block["requests"]
+        )
+        for k in ("10", "20"):
+            got = pick(
+                found,
+                "recsys_eval_ndcg",
+                variant=variant,
+                k=k,
+                window="24h",
+                adjusted="false",
+                cohort="all",
+            )
+            assert got == pytest.approx(block["ndcg"][k], abs=1e-9)
+            got = pick(
+                found, "recsys_eval_mrr", variant=variant, k=k, window="24h", cohort="cold_start"
+            )
+            assert got == pytest.approx(block["cohorts"]["cold_start"]["mrr"][k], abs=1e-9)
+
+
+def test_ab_series_and_bounded_labels(scraped) -> None:
+    found, _ = scraped
+    diffs = found["recsys_eval_ab_ndcg_diff"]
+    assert {s.labels["control"] for s in diffs} == {"A"}
+    assert {s.labels["variant"] for s in diffs} == {"B", "C"}
+    for s in diffs:
+        lower = pick(found, "recsys_eval_ab_ndcg_diff_lower", **s.labels)
+        upper = pick(found, "recsys_eval_ab_ndcg_diff_upper", **s.labels)
+        assert lower <= s.value <= upper
+    methods = {s.labels["method"] for s in found["recsys_eval_ab_p_value"]}
+    assert methods == {"sequential", "fixed"}
+    assert all(0 <= s.value <= 1 for s in found["recsys_eval_srm_p_value"])
+    for samples_ in found.values():
+        for s in samples_:
+            assert not any(key in s.labels for key in ("user", "user_id", "item", "item_id"))
+    assert pick(found, "recsys_eval_late_events_total") >= 0
+    assert pick(found, "recsys_eval_events_consumed_total", topic="impressions") > 0
+
+
+def test_variants_beyond_the_cap_fold_into_other() -> None:
+    totals = {v: np.full((2, 4, 3), float(n)) for n, v in enumerate(["a", "b", "c"], start=1)}
+    capped = cap_variants(totals, [], 2)
+    assert set(capped) == {"c", "b", OTHER}
+    assert capped[OTHER][0, 0, 0] == 1.0
+    assert set(cap_variants(totals, ["a"], 5)) == {"a", OTHER}
+
+
+def test_http_endpoints() -> None:
+    registry = CollectorRegistry()
+    state = {"ready": (False, "no Kafka partitions assigned")}
+    server = serve(registry, "127.0.0.1", 0, lambda: True, lambda: state["ready"])
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with urllib.request.urlopen(base + "/metrics") as reply:
+            assert reply.status == 200
+            assert reply.headers["Content-Type"].startswith("text/plain")
+        with urllib.request.urlopen(base + "/healthz") as reply:
+            assert reply.read() == b"ok\n"
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(base + "/readyz")
+        assert info.value.code == 503
+        state["ready"] = (True, "ready")
+        with urllib.request.urlopen(base + "/readyz") as reply:
+            assert reply.status == 200
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(base + "/nope")
+        assert info.value.code == 404
+    finally:
+        server.shutdown()
