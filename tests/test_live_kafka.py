@@ -80,7 +80,7 @@ def produce_events(env, events: EventSet, seed: int, invalid: bool = True) -> No
 
 
 def finish(
-    env, events: EventSet, late: list[dict[str, Any]], procs, tmp_path, before_stop=None
+    env, events: EventSet, late: list[dict[str, Any]], procs, tmp_path, *, before_stop=None
 ) -> None:
     """Wait for every request to finalise, send the late events, compare with replay."""
     store = env.store()
