@@ -127,3 +127,16 @@ def test_http_endpoints() -> None:
         assert info.value.code == 404
     finally:
         server.shutdown()
+
+
+def test_coverage_counts_distinct_top_k_items(scraped) -> None:
+    found, report = scraped
+    # every request lies in the 24h window; catalog = items shown in any finalised list
+    for variant, block in report["variants"].items():
+        if variant == SENTINEL_VARIANT:
+            continue
+        catalog = block["catalog_size"] - 1  # replay also saw the sentinel's single item
+        for k in ("10", "20"):
+            want = block["coverage"][k] * block["catalog_size"] / catalog
+            got = pick(found, "recsys_eval_coverage", variant=variant, k=k, window="24h")
+            assert got == pytest.approx(want, abs=1e-9)

@@ -30,7 +30,7 @@ from evaluator.stats import (
 )
 from evaluator.stores.base import FloatArray, StateStore
 from evaluator.timeutil import format_duration_ms, parse_duration_ms
-from evaluator.windows_read import cap_variants, window_totals
+from evaluator.windows_read import OTHER, cap_variants, window_totals
 
 COHORTS = {"all": None, "cold_start": 0, "established": 1}
 RATE_METRICS = {"mrr": "mrr", "hit_rate": "hit_rate", "precision": "precision", "recall": "recall"}
@@ -72,6 +72,10 @@ def _families() -> _Families:
         "recsys_eval_recall": (
             "Mean Recall@K in the window.",
             ["variant", "k", "window", "cohort"],
+        ),
+        "recsys_eval_coverage": (
+            "Share of the catalog in the top K of the variant's lists in the window.",
+            ["variant", "k", "window"],
         ),
         "recsys_eval_composite_score": (
             "Configured weighted sum of metrics (per-request terms).",
@@ -139,8 +143,15 @@ class WindowCollector(Collector):
             ab.max_variants,
         )
         label = self.window_label.get(window, format_duration_ms(window))
+        coverage = self._coverage(window, frontier, [v for v in totals if v != OTHER])
         for variant, block in totals.items():
-            self._variant(fam, variant, block, label)
+            for k in self.layout.ks:
+                fam.add(
+                    "recsys_eval_coverage",
+                    {"variant": variant, "k": str(k), "window": label},
+                    coverage.get((variant, k), math.nan),
+                )
+            self._variant(fam, variant, block, label, coverage)
         if len(totals) >= 2:
             self._ab(fam, totals, label)
             counts = [float(b[..., 0].sum()) for b in totals.values()]
@@ -151,12 +162,30 @@ class WindowCollector(Collector):
                 srm_p_value(np.asarray(counts), None if weights is None else np.asarray(weights)),
             )
 
+    def _coverage(
+        self, window: int, frontier: int, variants: list[str]
+    ) -> dict[tuple[str, int], float]:
+        """Share of the catalog in the top K of the variant's lists finalised in the window."""
+        width = self.layout.bucket_width(window)
+        first = frontier - window - (frontier - window) % width
+        starts = list(range(first, frontier + 1, width))
+        counts, catalog_seen = self.store.distinct_items(window, starts, variants)
+        catalog = float(self.settings.metrics.catalog_size) or catalog_seen
+        return {key: min(1.0, n / catalog) if catalog else math.nan for key, n in counts.items()}
+
     def _mean(self, block: FloatArray, metric: str, k: int) -> float:
         denom_col = 1 if self.settings.metrics.zero_relevance == "skip" else 0
         denom = float(block[..., denom_col].sum())
         return float(block[..., self.col[(metric, k)]].sum()) / denom if denom else math.nan
 
-    def _variant(self, fam: _Families, variant: str, block: FloatArray, window: str) -> None:
+    def _variant(
+        self,
+        fam: _Families,
+        variant: str,
+        block: FloatArray,
+        window: str,
+        coverage: dict[tuple[str, int], float],
+    ) -> None:
         composite = 0.0
         for cohort, index in COHORTS.items():
             part = block if index is None else block[index]
@@ -177,8 +206,12 @@ class WindowCollector(Collector):
                     fam.add(f"recsys_eval_{name}", kl, self._mean(part, metric, k))
         for name, weight in self.settings.metrics.composite.items():
             metric, _, cut = name.partition("@")
-            if cut and (metric, int(cut)) in self.col:
+            if metric == "coverage" and cut:
+                composite += weight * coverage.get((variant, int(cut)), math.nan)
+            elif cut and (metric, int(cut)) in self.col:
                 composite += weight * self._mean(block, metric, int(cut))
+            else:  # a term the live export does not have (e.g. diversity): no composite
+                composite = math.nan
         fam.add("recsys_eval_composite_score", {"variant": variant, "window": window}, composite)
 
     def _ab(self, fam: _Families, totals: dict[str, FloatArray], window: str) -> None:

@@ -96,6 +96,17 @@ class StateStore(Protocol):
         """
         ...
 
+    def distinct_items(
+        self, window_ms: int, bucket_starts: Sequence[int], variants: Sequence[str]
+    ) -> tuple[dict[tuple[str, int], float], float]:
+        """Distinct recommended items over the given buckets of a window.
+
+        Returns the count per ``(variant, k)`` (top-k items of finalised
+        requests) and over all shown items of every variant (the catalog seen).
+        Sketch-based stores return estimates.
+        """
+        ...
+
     def record_progress(self, progress: Mapping[str, PartitionProgress]) -> None:
         """Merge partition progress (the larger event time wins)."""
         ...

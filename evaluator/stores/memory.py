@@ -42,6 +42,7 @@ class MemoryStore:
         self._blocks: dict[tuple[int, int, str, int], FloatArray] = {}
         self._progress: dict[str, PartitionProgress] = {}
         self._counters: Counter[str] = Counter()
+        self._items: dict[tuple[int, int, str, int], set[str]] = {}
 
     def check_layout(self) -> None:
         return None
@@ -196,6 +197,10 @@ class MemoryStore:
                     if block is None:
                         block = self._blocks[key] = np.zeros(layout.block_shape)
                     block[cohort, local] += finalised.rows[i]
+                    for k in (*layout.ks, 0):
+                        top = request.items if k == 0 else request.items[:k]
+                        name = "*" if k == 0 else request.variant
+                        self._items.setdefault((window, start, name, k), set()).update(top)
                 applied += 1
             self._counters["finalised"] += applied
         return applied
@@ -207,6 +212,18 @@ class MemoryStore:
                 if window == window_ms:
                     grouped.setdefault((start, variant), {})[shard] = block.copy()
         return {key: expand_shards(parts, self.layout) for key, parts in grouped.items()}
+
+    def distinct_items(
+        self, window_ms: int, bucket_starts: Sequence[int], variants: Sequence[str]
+    ) -> tuple[dict[tuple[str, int], float], float]:
+        with self._lock:
+
+            def union(name: str, k: int) -> int:
+                sets = [self._items.get((window_ms, b, name, k), set()) for b in bucket_starts]
+                return len(set().union(*sets))
+
+            counts = {(v, k): float(union(v, k)) for v in variants for k in self.layout.ks}
+            return counts, float(union("*", 0))
 
     def record_progress(self, progress: Mapping[str, PartitionProgress]) -> None:
         with self._lock:

@@ -235,7 +235,41 @@ class RedisStore:
                     if keep.size:
                         retry[shard] = keep
             pending = retry
+        self._add_items(finalised)
         return applied
+
+    def _cov_key(self, window: int, start: int, variant: str, k: int) -> str:
+        return f"{{{self.prefix}:cov}}:{window}:{start}:{variant}:{k}"
+
+    def _add_items(self, finalised: Finalised) -> None:
+        """Coverage sketches (HyperLogLog); PFADD is idempotent, so retries are harmless.
+
+        Items are gathered per sketch first, so a batch costs one PFADD per sketch.
+        """
+        layout = self.layout
+        gathered: dict[str, set[str]] = defaultdict(set)
+        for window in layout.windows_ms:
+            starts = layout.bucket_start(window, finalised.deadline_ms).tolist()
+            for request, start in zip(finalised.requests, starts, strict=True):
+                gathered[self._cov_key(window, start, "*", 0)].update(request.items)
+                for k in layout.ks:
+                    key = self._cov_key(window, start, request.variant, k)
+                    gathered[key].update(request.items[:k])
+        pipe = self.client.pipeline(transaction=False)
+        for key, items in gathered.items():
+            pipe.pfadd(key, *items)
+            pipe.expire(key, self.block_ttl_s)
+        pipe.execute()
+
+    def distinct_items(
+        self, window_ms: int, bucket_starts: Sequence[int], variants: Sequence[str]
+    ) -> tuple[dict[tuple[str, int], float], float]:
+        pipe = self.client.pipeline(transaction=False)
+        wanted = [(v, k) for v in variants for k in self.layout.ks] + [("*", 0)]
+        for variant, k in wanted:
+            pipe.pfcount(*[self._cov_key(window_ms, b, variant, k) for b in bucket_starts])
+        replies = [float(n) for n in pipe.execute()]
+        return dict(zip(wanted[:-1], replies[:-1], strict=True)), replies[-1]
 
     def _increments(
         self, finalised: Finalised, rows: npt.NDArray[np.intp]
