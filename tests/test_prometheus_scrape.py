@@ -1,0 +1,124 @@
+"""A real Prometheus scrapes a running `evaluator run` that is processing events; every
+dashboard panel expression and every alert expression is checked through the HTTP API."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.eventgen import generate
+from tests.live import free_port, new_env, stop, stream, to_payloads, wait_until
+from tests.livecheck import sentinel
+
+pytestmark = pytest.mark.services
+ROOT = Path(__file__).resolve().parents[1]
+DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "recsys-evaluator.json"
+RULES = ROOT / "deploy" / "prometheus" / "rules.yml"
+TEMPLATE = {"$k": "10", "$window": "24h", "$variant": ".*"}
+
+
+def query(base: str, expr: str) -> dict:
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    with urllib.request.urlopen(url) as reply:
+        return json.loads(reply.read())
+
+
+def metric_names(expr: str) -> set[str]:
+    return set(re.findall(r"\b(recsys_eval_[a-z_]+)\b", expr))
+
+
+@pytest.fixture
+def prometheus_binary() -> str:
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.fail("prometheus is missing: apt-get install -y prometheus")
+    return binary
+
+
+def test_dashboard_and_alert_expressions_against_a_real_scrape(
+    kafka_bootstrap, redis_url, tmp_path, prometheus_binary
+) -> None:
+    env = new_env(kafka_bootstrap, redis_url)
+    events = generate(51, requests=300)
+    events.impressions.append(sentinel(events, after_ms=3_600_000))
+    ordered = stream(
+        [("impressions", e) for e in events.impressions]
+        + [("interactions", e) for e in events.interactions],
+        51,
+    )
+    env.produce("impressions", [*to_payloads(ordered, "impressions"), ("bad", b"{oops")])
+    env.produce("interactions", to_payloads(ordered, "interactions"))
+    metrics_port, prom_port = free_port(), free_port()
+    evaluator = env.start(tmp_path / "run.log", http_port=metrics_port)
+    store = env.store()
+    wait_until(
+        lambda: store.counters().get("finalised", 0) > 100,
+        120,
+        "requests are finalised",
+        [evaluator],
+    )
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "rule_files": [str(RULES)],
+                "scrape_configs": [
+                    {
+                        "job_name": "recsys-evaluator",
+                        "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"]}],
+                    }
+                ],
+            }
+        )
+    )
+    prom = subprocess.Popen(
+        [
+            prometheus_binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{prom_port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "prometheus.log", "wb"),  # noqa: SIM115
+    )
+    base = f"http://127.0.0.1:{prom_port}"
+    try:
+
+        def scraped() -> bool:
+            try:
+                result = query(base, 'count(recsys_eval_ab_ndcg_diff{window="24h"})')
+                rate = query(base, "sum(rate(recsys_eval_events_consumed_total[1m]))")
+            except OSError:
+                return False
+            return bool(result["data"]["result"]) and bool(rate["data"]["result"])
+
+        wait_until(scraped, 90, "Prometheus has scraped window and A/B metrics", [evaluator, prom])
+        dashboard = json.loads(DASHBOARD.read_text())
+        for panel in dashboard["panels"]:
+            for target in panel["targets"]:
+                expr = target["expr"]
+                for name, value in TEMPLATE.items():
+                    expr = expr.replace(name, value)
+                reply = query(base, expr)
+                assert reply["status"] == "success", (panel["title"], expr)
+                assert reply["data"]["result"], f"no series for panel {panel['title']!r}: {expr}"
+        for group in yaml.safe_load(RULES.read_text())["groups"]:
+            for rule in group["rules"]:
+                assert query(base, rule["expr"])["status"] == "success", rule["alert"]
+                for name in metric_names(rule["expr"]):
+                    series = query(base, f'count({{__name__="{name}"}})')["data"]["result"]
+                    assert series, f"{rule['alert']} uses {name}, which has no series"
+    finally:
+        prom.terminate()
+        prom.wait(timeout=30)
+        stop([evaluator])
+        store.close()
