@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
@@ -59,6 +60,7 @@ def _normal_sf(z: float) -> float:
     return 0.5 * math.erfc(z / math.sqrt(2.0))
 
 
+@lru_cache(maxsize=64)
 def _normal_ppf(p: float) -> float:
     """Inverse standard normal CDF by bisection on erfc (no SciPy needed)."""
     lo, hi = -40.0, 40.0

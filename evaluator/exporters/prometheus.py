@@ -33,7 +33,8 @@ from evaluator.timeutil import format_duration_ms, parse_duration_ms
 from evaluator.windows_read import OTHER, cap_variants, window_totals
 
 COHORTS = {"all": None, "cold_start": 0, "established": 1}
-RATE_METRICS = {"mrr": "mrr", "hit_rate": "hit_rate", "precision": "precision", "recall": "recall"}
+RATE_METRICS = {"mrr": "mrr", "hit_rate": "hit_rate"}
+"""Per-request rates exported besides nDCG; precision and recall stay in replay reports."""
 
 
 @dataclass(slots=True)
@@ -65,14 +66,6 @@ def _families() -> _Families:
         ),
         "recsys_eval_mrr": ("Mean MRR@K in the window.", ["variant", "k", "window", "cohort"]),
         "recsys_eval_hit_rate": ("HitRate@K in the window.", ["variant", "k", "window", "cohort"]),
-        "recsys_eval_precision": (
-            "Mean Precision@K in the window.",
-            ["variant", "k", "window", "cohort"],
-        ),
-        "recsys_eval_recall": (
-            "Mean Recall@K in the window.",
-            ["variant", "k", "window", "cohort"],
-        ),
         "recsys_eval_coverage": (
             "Share of the catalog in the top K of the variant's lists in the window.",
             ["variant", "k", "window"],
@@ -138,7 +131,14 @@ class WindowCollector(Collector):
     def _window(self, fam: _Families, window: int, frontier: int) -> None:
         ab = self.settings.ab
         totals = cap_variants(
-            window_totals(self.store.blocks(window), window, frontier, self.layout),
+            window_totals(
+                self.store.blocks(
+                    window, frontier - window - self.layout.bucket_width(window), frontier
+                ),
+                window,
+                frontier,
+                self.layout,
+            ),
             ab.variants,
             ab.max_variants,
         )

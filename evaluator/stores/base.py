@@ -89,8 +89,10 @@ class StateStore(Protocol):
         """
         ...
 
-    def blocks(self, window_ms: int) -> dict[tuple[int, str], FloatArray]:
-        """Every bucket of a window, summed over shards.
+    def blocks(
+        self, window_ms: int, since_ms: int | None = None, until_ms: int | None = None
+    ) -> dict[tuple[int, str], FloatArray]:
+        """The buckets of a window starting in ``[since_ms, until_ms]``, summed over shards.
 
         Keys are ``(bucket_start_ms, variant)``; values ``(2, user_buckets, row_width)``.
         """

@@ -205,11 +205,15 @@ class MemoryStore:
             self._counters["finalised"] += applied
         return applied
 
-    def blocks(self, window_ms: int) -> dict[tuple[int, str], FloatArray]:
+    def blocks(
+        self, window_ms: int, since_ms: int | None = None, until_ms: int | None = None
+    ) -> dict[tuple[int, str], FloatArray]:
+        lo = -(2**63) if since_ms is None else since_ms
+        hi = 2**63 if until_ms is None else until_ms
         grouped: dict[tuple[int, str], dict[int, FloatArray]] = {}
         with self._lock:
             for (window, start, variant, shard), block in self._blocks.items():
-                if window == window_ms:
+                if window == window_ms and lo <= start <= hi:
                     grouped.setdefault((start, variant), {})[shard] = block.copy()
         return {key: expand_shards(parts, self.layout) for key, parts in grouped.items()}
 

@@ -25,7 +25,7 @@ from redis.retry import Retry
 from evaluator.events import ImpressionBatch, InteractionBatch
 from evaluator.finalise import Finalised, OpenRequest, PendingInteraction, UserContext
 from evaluator.stores.base import DueRequest, FloatArray, IngestCounts, PartitionProgress
-from evaluator.windows import AggregateLayout, expand_shards, shard_of
+from evaluator.windows import AggregateLayout, shard_of
 
 SEP = "\x1f"
 """Separates items, and the parts of a pending interaction."""
@@ -97,6 +97,7 @@ class RedisStore:
         self.state_ttl_s = state_ttl_s
         self.history_ttl_s = history_ttl_s
         self.block_ttl_s = (max(layout.windows_ms) * 2) // 1000 + 3600
+        """Longest block lifetime; each window's blocks live 2 x window + 1 h."""
         self._ingest = client.register_script(_script("ingest"))
         self._commit = client.register_script(_script("commit"))
         self._load = client.register_script(_script("load"))
@@ -218,7 +219,7 @@ class RedisStore:
                         self.tag(shard),
                         msgspec.msgpack.encode((meta, blocks)),
                         self.state_ttl_s,
-                        self.block_ttl_s,
+                        0,
                         int(np.prod(layout.block_shape)),
                         prune,
                         increments,
@@ -273,7 +274,7 @@ class RedisStore:
 
     def _increments(
         self, finalised: Finalised, rows: npt.NDArray[np.intp]
-    ) -> tuple[list[tuple[str, str, str]], list[tuple[str, int]], bytes]:
+    ) -> tuple[list[tuple[str, str, str]], list[tuple[str, int, int, int]], bytes]:
         """Per-block sums of the given requests' rows, ready for the commit script."""
         layout = self.layout
         requests = [finalised.requests[i] for i in rows]
@@ -289,28 +290,47 @@ class RedisStore:
         sums = np.zeros((len(keys), *layout.block_shape))
         for w_i in range(len(layout.windows_ms)):
             np.add.at(sums, (index[w_i], cohort, local), finalised.rows[rows])
-        blocks = [(f"{w}:{start}:{variant}", start) for (w, start, variant) in keys]
+        blocks = [
+            (f"{w}:{start}:{variant}", start, (2 * w) // 1000 + 3600, w)
+            for (w, start, variant) in keys
+        ]
         return meta, blocks, sums.astype("<f8").tobytes()
 
-    def blocks(self, window_ms: int) -> dict[tuple[int, str], FloatArray]:
+    def blocks(
+        self, window_ms: int, since_ms: int | None = None, until_ms: int | None = None
+    ) -> dict[tuple[int, str], FloatArray]:
+        lo = "-inf" if since_ms is None else since_ms
+        hi = "+inf" if until_ms is None else until_ms
         pipe = self.client.pipeline(transaction=False)
         for shard in range(self.layout.shards):
-            pipe.zrange(self.tag(shard) + "bi", 0, -1)
+            pipe.zrangebyscore(f"{self.tag(shard)}bi:{window_ms}", lo, hi)
         names = [
-            (shard, m.decode()) for shard, members in enumerate(pipe.execute()) for m in members
+            (shard, name)
+            for shard, members in enumerate(pipe.execute())
+            for name in map(_text, members)
         ]
-        names = [(s, n) for s, n in names if n.split(":", 1)[0] == str(window_ms)]
-        pipe = self.client.pipeline(transaction=False)
+        by_shard: dict[int, list[str]] = defaultdict(list)
         for shard, name in names:
-            pipe.get(f"{self.tag(shard)}b:{name}")
-        grouped: dict[tuple[int, str], dict[int, FloatArray]] = defaultdict(dict)
-        for (shard, name), raw in zip(names, pipe.execute(), strict=True):
-            if raw is None:
-                continue
-            _, start, variant = name.split(":", 2)
-            block = np.frombuffer(raw, dtype="<f8").reshape(self.layout.block_shape)
-            grouped[(int(start), variant)][shard] = block.astype(np.float64)
-        return {key: expand_shards(parts, self.layout) for key, parts in grouped.items()}
+            by_shard[shard].append(name)
+        pipe = self.client.pipeline(transaction=False)
+        for shard, shard_names in by_shard.items():  # one MGET per shard: a single slot each
+            pipe.mget([f"{self.tag(shard)}b:{name}" for name in shard_names])
+        layout = self.layout
+        stacked: dict[tuple[int, str], FloatArray] = {}
+        for (shard, shard_names), raws in zip(by_shard.items(), pipe.execute(), strict=True):
+            for name, raw in zip(shard_names, raws, strict=True):
+                if raw is None:
+                    continue
+                _, start, variant = name.split(":", 2)
+                key = (int(start), variant)
+                if key not in stacked:
+                    stacked[key] = np.zeros((layout.shards, *layout.block_shape))
+                stacked[key][shard] = np.frombuffer(raw, dtype="<f8").reshape(layout.block_shape)
+        # (shards, 2, local, row) -> (2, local * shards + shard, row): user bucket order
+        return {
+            key: arr.transpose(1, 2, 0, 3).reshape(2, layout.user_buckets, layout.row_width)
+            for key, arr in stacked.items()
+        }
 
     def record_progress(self, progress: Mapping[str, PartitionProgress]) -> None:
         args: list[Any] = []

@@ -1,7 +1,8 @@
 -- Claim finalised requests of one shard and add their statistics, atomically.
 -- KEYS[1] = <tag>dl   ARGV[1] = key prefix with tag
--- ARGV[2] = msgpack {{request_id, user_id, variant}, ...}, {{block suffix, bucket start}, ...}}
--- ARGV[3] = state ttl s   ARGV[4] = block ttl s   ARGV[5] = doubles per block
+-- ARGV[2] = msgpack {{request_id, user_id, variant}, ...}, {{block suffix, bucket start, ttl s, window ms}, ...}}
+-- ARGV[3] = state ttl s   ARGV[4] = (unused)
+-- ARGV[5] = doubles per block
 -- ARGV[6] = prune request-less interactions older than this (ms)
 -- ARGV[7] = the blocks' increments: little-endian doubles, one block after another,
 --           pre-aggregated over exactly the listed requests.
@@ -10,7 +11,7 @@
 -- caller can re-aggregate without them: increments always match the claims.
 local p = ARGV[1]
 local data = cmsgpack.unpack(ARGV[2])
-local ttl, bttl, nblock = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local ttl, nblock = tonumber(ARGV[3]), tonumber(ARGV[5])
 local prune = '(' .. ARGV[6]
 local taken = {}
 for _, r in ipairs(data[1]) do
@@ -45,8 +46,10 @@ for i, b in ipairs(data[2]) do
     local vals = {struct.unpack(fmt, cur)}
     for j = 1, nblock do inc[j] = inc[j] + vals[j] end
   end
-  redis.call('SET', bk, struct.pack(fmt, unpack(inc, 1, nblock)), 'EX', bttl)
-  redis.call('ZADD', p .. 'bi', b[2], b[1])
+  redis.call('SET', bk, struct.pack(fmt, unpack(inc, 1, nblock)), 'EX', b[3])
+  local index = p .. 'bi:' .. b[4]
+  redis.call('ZADD', index, b[2], b[1])
+  redis.call('ZREMRANGEBYSCORE', index, '-inf', '(' .. (b[2] - 2 * b[4]))
 end
 redis.call('HINCRBY', p .. 'c', 'finalised', #data[1])
 return {#data[1], {}}
