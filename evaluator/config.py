@@ -147,6 +147,8 @@ class KafkaSettings(msgspec.Struct, forbid_unknown_fields=True):
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     max_poll_records: int = 5000
     poll_timeout: str | int = "500ms"
+    session_timeout: str | int = "45s"
+    """How long the group waits for a silent member (e.g. a killed process) before rebalancing."""
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: str = ""
     sasl_username: str = ""
@@ -157,6 +159,7 @@ class KafkaSettings(msgspec.Struct, forbid_unknown_fields=True):
         if self.max_poll_records < 1:
             raise ValueError("max_poll_records must be >= 1")
         _duration("poll_timeout", self.poll_timeout)
+        _duration("session_timeout", self.session_timeout)
 
 
 class RedisSettings(msgspec.Struct, forbid_unknown_fields=True):

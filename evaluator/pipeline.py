@@ -107,12 +107,10 @@ class Pipeline:
         )
 
     def register(self, partitions: Sequence[str]) -> None:
-        """Newly assigned partitions hold the watermark back until they deliver or go idle."""
-        known = self.store.progress()
-        now = self.clock_ms()
-        fresh = {p: PartitionProgress(-1, now) for p in partitions if p not in known}
-        if fresh:
-            self.store.record_progress(fresh)
+        """Newly assigned partitions count as active: they hold the watermark back until
+        they deliver or stay quiet for ``idle_timeout``, even if an earlier owner left
+        them idle long ago (their backlog is unknown until the first fetch)."""
+        self.touch(partitions)
 
     def touch(self, partitions: Sequence[str]) -> None:
         """Partitions with unconsumed backlog are busy, not idle: refresh their clock."""

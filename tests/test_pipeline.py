@@ -7,6 +7,7 @@ import pytest
 
 from evaluator.config import load_settings
 from evaluator.pipeline import Pipeline
+from evaluator.stores.memory import MemoryStore
 from tests.eventgen import EventSet, generate
 from tests.livecheck import FakeClock, compare_with_replay, expected_late, feed, sentinel
 
@@ -43,3 +44,26 @@ def test_redelivery_and_duplicate_commits_change_nothing(make_store) -> None:
         assert a.keys() == b.keys()
         for key in a:
             np.testing.assert_allclose(a[key], b[key], atol=1e-9)
+
+
+def test_watermark_idle_partitions_and_reassignment() -> None:
+    from evaluator.stores.base import PartitionProgress
+
+    settings = load_settings(
+        environ={}, overrides={"event_time": {"idle_timeout": "30s", "max_out_of_orderness": "5s"}}
+    )
+    clock = FakeClock()
+    store = MemoryStore(settings.layout())
+    pipeline = Pipeline(store, settings, clock_ms=clock)
+    assert pipeline.watermark() is None
+    store.record_progress(
+        {
+            "impressions:0": PartitionProgress(1_000_000, 0),
+            "impressions:1": PartitionProgress(9_000_000, 0),
+        }
+    )
+    assert pipeline.watermark() == 1_000_000 - 5_000  # both active: the slowest holds it
+    clock.now = 31_000
+    assert pipeline.watermark() == 9_000_000 - 5_000  # all idle: the furthest seen
+    pipeline.register(["impressions:0", "impressions:1"])  # a new owner: active again
+    assert pipeline.watermark() == 1_000_000 - 5_000

@@ -16,6 +16,7 @@ from kafka.consumer.subscription_state import ConsumerRebalanceListener
 
 from evaluator.config import KafkaSettings
 from evaluator.pipeline import Kind, PartitionBatch, Rejected
+from evaluator.timeutil import parse_duration_ms
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,8 @@ class KafkaSource:
             enable_auto_commit=False,
             auto_offset_reset=settings.auto_offset_reset,
             max_poll_records=settings.max_poll_records,
+            session_timeout_ms=parse_duration_ms(settings.session_timeout),
+            heartbeat_interval_ms=max(1000, parse_duration_ms(settings.session_timeout) // 10),
             **_security(settings),
         )
         self.consumer.subscribe(list(self.kinds), listener=_Listener(self))
