@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from evaluator.config import load_settings
@@ -141,3 +142,18 @@ def test_redis_refuses_state_of_another_layout(redis_url: str, key_prefix: str) 
     other = load_settings(environ={}, overrides={"metrics": {"k": [5]}}).layout()
     with pytest.raises(LayoutMismatchError):
         RedisStore(connect(redis_url), other, prefix=key_prefix).check_layout()
+
+
+def test_distinct_items_for_coverage(make_store) -> None:
+    store = make_store(SETTINGS.layout())
+    ingest(
+        store,
+        impressions(("r1", "u1", 1_000, ["a", "b", "c"]), ("r2", "u2", 1_000, ["c", "d"])),
+        interactions(),
+    )
+    finalise_all(store, CONFIG.deadline(1_000))
+    window = max(SETTINGS.layout().windows_ms)
+    start = int(SETTINGS.layout().bucket_start(window, np.array([CONFIG.deadline(1_000)]))[0])
+    counts, catalog = store.distinct_items(window, [start], ["A"])
+    assert counts[("A", 10)] == pytest.approx(4, abs=0.5)
+    assert catalog == pytest.approx(4, abs=0.5)

@@ -104,7 +104,8 @@ class StateStore(Protocol):
         """Distinct recommended items over the given buckets of a window.
 
         Returns the count per ``(variant, k)`` (top-k items of finalised
-        requests) and over all shown items of every variant (the catalog seen).
+        requests) and the catalog seen: every item shown by any variant over the
+        longest window ending at the last bucket.
         Sketch-based stores return estimates.
         """
         ...

@@ -197,10 +197,12 @@ class MemoryStore:
                     if block is None:
                         block = self._blocks[key] = np.zeros(layout.block_shape)
                     block[cohort, local] += finalised.rows[i]
-                    for k in (*layout.ks, 0):
-                        top = request.items if k == 0 else request.items[:k]
-                        name = "*" if k == 0 else request.variant
-                        self._items.setdefault((window, start, name, k), set()).update(top)
+                    for k in layout.ks:
+                        key = (window, start, request.variant, k)
+                        self._items.setdefault(key, set()).update(request.items[:k])
+                    if window == max(layout.windows_ms):
+                        key = (window, start, "*", 0)
+                        self._items.setdefault(key, set()).update(request.items)
                 applied += 1
             self._counters["finalised"] += applied
         return applied
@@ -227,7 +229,13 @@ class MemoryStore:
                 return len(set().union(*sets))
 
             counts = {(v, k): float(union(v, k)) for v in variants for k in self.layout.ks}
-            return counts, float(union("*", 0))
+            longest = max(self.layout.windows_ms)
+            until = bucket_starts[-1] if bucket_starts else 0
+            catalog: set[str] = set()
+            for (window, start, name, _), items in self._items.items():
+                if window == longest and name == "*" and until - longest <= start <= until:
+                    catalog |= items
+            return counts, float(len(catalog))
 
     def record_progress(self, progress: Mapping[str, PartitionProgress]) -> None:
         with self._lock:

@@ -101,6 +101,7 @@ class RedisStore:
         self._ingest = client.register_script(_script("ingest"))
         self._commit = client.register_script(_script("commit"))
         self._load = client.register_script(_script("load"))
+        self._pfadd = client.register_script(_script("pfadd"))
         self._progress = client.register_script(_script("progress"))
         self._meta = f"{{{prefix}:meta}}:"
 
@@ -251,26 +252,37 @@ class RedisStore:
         gathered: dict[str, set[str]] = defaultdict(set)
         for window in layout.windows_ms:
             starts = layout.bucket_start(window, finalised.deadline_ms).tolist()
+            catalog = window == max(layout.windows_ms)
             for request, start in zip(finalised.requests, starts, strict=True):
-                gathered[self._cov_key(window, start, "*", 0)].update(request.items)
+                if catalog:
+                    gathered[self._cov_key(window, start, "*", 0)].update(request.items)
                 for k in layout.ks:
                     key = self._cov_key(window, start, request.variant, k)
                     gathered[key].update(request.items[:k])
-        pipe = self.client.pipeline(transaction=False)
+        args: list[str | int] = [self.block_ttl_s]
         for key, items in gathered.items():
-            pipe.pfadd(key, *items)
-            pipe.expire(key, self.block_ttl_s)
-        pipe.execute()
+            args += [key, SEP.join(items)]
+        if len(args) > 1:
+            self._pfadd(keys=[f"{{{self.prefix}:cov}}:route"], args=args)
 
     def distinct_items(
         self, window_ms: int, bucket_starts: Sequence[int], variants: Sequence[str]
     ) -> tuple[dict[tuple[str, int], float], float]:
         pipe = self.client.pipeline(transaction=False)
-        wanted = [(v, k) for v in variants for k in self.layout.ks] + [("*", 0)]
+        wanted = [(v, k) for v in variants for k in self.layout.ks]
         for variant, k in wanted:
             pipe.pfcount(*[self._cov_key(window_ms, b, variant, k) for b in bucket_starts])
+        pipe.pfcount(*self._catalog_keys(bucket_starts[-1] if bucket_starts else 0))
         replies = [float(n) for n in pipe.execute()]
-        return dict(zip(wanted[:-1], replies[:-1], strict=True)), replies[-1]
+        return dict(zip(wanted, replies[:-1], strict=True)), replies[-1]
+
+    def _catalog_keys(self, until_ms: int) -> list[str]:
+        """Sketches of every shown item over the longest window ending at ``until_ms``."""
+        window = max(self.layout.windows_ms)
+        width = self.layout.bucket_width(window)
+        last = until_ms - until_ms % width
+        first = last - window
+        return [self._cov_key(window, b, "*", 0) for b in range(first, last + 1, width)]
 
     def _increments(
         self, finalised: Finalised, rows: npt.NDArray[np.intp]
