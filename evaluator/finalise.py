@@ -18,6 +18,7 @@ import numpy.typing as npt
 
 from evaluator.cohort import cohort_codes
 from evaluator.join import JoinOutcome, JoinRules, join_by_request, join_by_user
+from evaluator.metrics.setlevel import encode_top, intra_list_diversity
 from evaluator.scoring import ScoringConfig, score_sparse
 from evaluator.windows import AggregateLayout, contribution_rows, user_buckets
 
@@ -44,6 +45,8 @@ class OpenRequest:
     timestamp_ms: int
     items: list[str]
     interactions: list[PendingInteraction] = field(default_factory=list)
+    attributes: list[str] = field(default_factory=list)
+    """Values of the diversity attribute, parallel to ``items`` (may be empty)."""
 
 
 @dataclass(slots=True)
@@ -153,9 +156,13 @@ def finalise(
         dtype=np.int64,
         count=len(requests),
     )
+    codes = encode_top([r.attributes for r in requests], max(config.scoring.ks))
+    diversity = np.column_stack(
+        [intra_list_diversity(codes[:, :k]) for k in config.scoring.ks]
+    ).reshape(len(requests), len(config.scoring.ks))
     return Finalised(
         requests,
-        contribution_rows(scores),
+        contribution_rows(scores, diversity),
         cohort.astype(np.int64),
         user_buckets([r.user_id for r in requests], layout),
         deadlines,

@@ -7,7 +7,8 @@ skew + allowed lateness), so a window holds "the requests finalised in it".
 
 A bucket holds, per variant, a float64 block of shape ``(2 cohorts, local user
 buckets, row width)``. A row is ``[count, engaged, sum of each metric@K...,
-sum of squares of each metric@K...]``. Users are hashed into ``user_buckets``;
+sum of squares of each metric@K..., lists with a diversity@K..., sum of
+diversity@K...]``. Users are hashed into ``user_buckets``;
 bucket ``b`` lives in shard ``b % shards`` at local index ``b // shards``, so a
 shard's blocks only carry its own users and summing shards loses nothing.
 """
@@ -51,7 +52,13 @@ class AggregateLayout:
 
     @property
     def row_width(self) -> int:
-        return 2 + 2 * self.n_values
+        return 2 + 2 * self.n_values + 2 * len(self.ks)
+
+    def diversity_columns(self, k: int) -> tuple[int, int]:
+        """Row columns of (lists with a diversity@k, sum of diversity@k)."""
+        i = self.ks.index(k)
+        base = 2 + 2 * self.n_values
+        return base + i, base + len(self.ks) + i
 
     @property
     def local_buckets(self) -> int:
@@ -98,12 +105,23 @@ def shard_of(user_ids: Sequence[str], layout: AggregateLayout) -> I64:
     return user_buckets(user_ids, layout) % layout.shards
 
 
-def contribution_rows(scores: RequestScores) -> FloatArray:
-    """One statistics row per request: ``[1, engaged, values..., squares...]``."""
+def contribution_rows(scores: RequestScores, diversity: FloatArray) -> FloatArray:
+    """One statistics row per request: ``[1, engaged, values, squares, has diversity, diversity]``.
+
+    ``diversity`` has one column per K, NaN where a list has no diversity.
+    """
     values = scores.matrix()
     n = values.shape[0]
+    defined = np.isfinite(diversity)
     return np.hstack(
-        [np.ones((n, 1)), scores.engaged.astype(np.float64)[:, None], values, values * values]
+        [
+            np.ones((n, 1)),
+            scores.engaged.astype(np.float64)[:, None],
+            values,
+            values * values,
+            defined.astype(np.float64),
+            np.where(defined, diversity, 0.0),
+        ]
     )
 
 

@@ -140,3 +140,47 @@ def test_coverage_counts_distinct_top_k_items(scraped) -> None:
             want = block["coverage"][k] * block["catalog_size"] / catalog
             got = pick(found, "recsys_eval_coverage", variant=variant, k=k, window="24h")
             assert got == pytest.approx(want, abs=1e-9)
+
+
+def test_diversity_equals_replay(scraped) -> None:
+    found, report = scraped
+    for variant, block in report["variants"].items():
+        if variant == SENTINEL_VARIANT:
+            continue
+        for k in ("10", "20"):
+            got = pick(found, "recsys_eval_diversity", variant=variant, k=k, window="24h")
+            assert got == pytest.approx(block["diversity"][k], abs=1e-9)
+        composite = pick(found, "recsys_eval_composite_score", variant=variant, window="24h")
+        assert 0 < composite < 1
+
+
+def test_overlap_is_the_jaccard_of_top_k_item_sets(tmp_path) -> None:
+    settings = load_settings(environ={})
+    store = MemoryStore(settings.layout())
+    pipeline = Pipeline(store, settings, clock_ms=FakeClock())
+    events = generate(43, requests=200)
+    events.impressions.append(sentinel(events, after_ms=3_600_000))
+    feed(pipeline, events, 43)
+    registry = CollectorRegistry()
+    registry.register(WindowCollector(store, settings, pipeline.watermark))
+    found = samples(registry)
+    shown: dict[str, list[list[str]]] = {}
+    seen: set[str] = set()
+    for e in events.impressions:
+        if e["request_id"] not in seen and e["variant"] != SENTINEL_VARIANT:
+            seen.add(e["request_id"])
+            shown.setdefault(e["variant"], []).append(e["items"])
+    for k in (10, 20):
+        control = {i for items in shown["A"] for i in items[:k]}
+        for variant in ("B", "C"):
+            mine = {i for items in shown[variant] for i in items[:k]}
+            want = len(mine & control) / len(mine | control)
+            got = pick(
+                found,
+                "recsys_eval_ab_overlap",
+                variant=variant,
+                control="A",
+                k=str(k),
+                window="24h",
+            )
+            assert got == pytest.approx(want, abs=1e-12)

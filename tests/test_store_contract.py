@@ -157,3 +157,21 @@ def test_distinct_items_for_coverage(make_store) -> None:
     counts, catalog = store.distinct_items(window, [start], ["A"])
     assert counts[("A", 10)] == pytest.approx(4, abs=0.5)
     assert catalog == pytest.approx(4, abs=0.5)
+
+
+def test_attribute_values_round_trip(make_store) -> None:
+    store = make_store(SETTINGS.layout())
+    payload = json.dumps(
+        {
+            "event_id": "e",
+            "request_id": "r",
+            "user_id": "u",
+            "variant": "A",
+            "timestamp": 1_000,
+            "items": ["a", "b"],
+            "item_attributes": {"category": ["x", "y"]},
+        }
+    ).encode()
+    ingest(store, decode_impressions([payload])[0], interactions())
+    requests, _ = store.load(store.due(CONFIG.deadline(1_000), 10))
+    assert [r.attributes for r in requests] == [["x", "y"]]

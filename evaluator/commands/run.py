@@ -38,6 +38,7 @@ def build_store(settings: Settings) -> RedisStore:
         settings.layout(),
         prefix=r.key_prefix,
         history_cap=settings.cold_start.min_relevant_history,
+        attribute=settings.metrics.diversity_attribute,
     )
     store.check_layout()
     return store

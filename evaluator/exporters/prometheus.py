@@ -70,6 +70,14 @@ def _families() -> _Families:
             "Share of the catalog in the top K of the variant's lists in the window.",
             ["variant", "k", "window"],
         ),
+        "recsys_eval_ab_overlap": (
+            "Jaccard@K of the variant's and the control's recommended item sets in the window.",
+            ["variant", "control", "k", "window"],
+        ),
+        "recsys_eval_diversity": (
+            "Mean intra-list diversity@K of lists with the attribute, in the window.",
+            ["variant", "k", "window"],
+        ),
         "recsys_eval_composite_score": (
             "Configured weighted sum of metrics (per-request terms).",
             ["variant", "window"],
@@ -154,6 +162,7 @@ class WindowCollector(Collector):
             self._variant(fam, variant, block, label, coverage)
         if len(totals) >= 2:
             self._ab(fam, totals, label)
+            self._overlap(fam, window, frontier, label, [v for v in totals if v != OTHER])
             counts = [float(b[..., 0].sum()) for b in totals.values()]
             weights = [ab.split.get(v, 0.0) for v in totals] if ab.split else None
             fam.add(
@@ -166,12 +175,54 @@ class WindowCollector(Collector):
         self, window: int, frontier: int, variants: list[str]
     ) -> dict[tuple[str, int], float]:
         """Share of the catalog in the top K of the variant's lists finalised in the window."""
-        width = self.layout.bucket_width(window)
-        first = frontier - window - (frontier - window) % width
-        starts = list(range(first, frontier + 1, width))
-        counts, catalog_seen = self.store.distinct_items(window, starts, variants)
+        counts, catalog_seen = self.store.distinct_items(
+            window, self._bucket_starts(window, frontier), variants
+        )
         catalog = float(self.settings.metrics.catalog_size) or catalog_seen
         return {key: min(1.0, n / catalog) if catalog else math.nan for key, n in counts.items()}
+
+    def _overlap(
+        self,
+        fam: _Families,
+        window: int,
+        frontier: int,
+        label: str,
+        variants: list[str],
+    ) -> None:
+        """Jaccard@K between each variant's and the control's item sets (sketch-based:
+        |A ∩ B| = |A| + |B| − |A ∪ B|)."""
+        control = self._control(variants)
+        if control is None:
+            return
+        starts = self._bucket_starts(window, frontier)
+        counts, _ = self.store.distinct_items(window, starts, variants)
+        for variant in variants:
+            if variant == control:
+                continue
+            for k in self.layout.ks:
+                union = self.store.distinct_union(window, starts, [variant, control], k)
+                both = counts[(variant, k)] + counts[(control, k)] - union
+                fam.add(
+                    "recsys_eval_ab_overlap",
+                    {"variant": variant, "control": control, "k": str(k), "window": label},
+                    max(0.0, both) / union if union else math.nan,
+                )
+
+    def _control(self, variants: list[str]) -> str | None:
+        if not variants:
+            return None
+        control = self.settings.ab.control
+        return control if control in variants else sorted(variants)[0]
+
+    def _bucket_starts(self, window: int, frontier: int) -> list[int]:
+        width = self.layout.bucket_width(window)
+        first = frontier - window - (frontier - window) % width
+        return list(range(first, frontier + 1, width))
+
+    def _diversity(self, block: FloatArray, k: int) -> float:
+        lists, total = self.layout.diversity_columns(k)
+        n = float(block[..., lists].sum())
+        return float(block[..., total].sum()) / n if n else math.nan
 
     def _mean(self, block: FloatArray, metric: str, k: int) -> float:
         denom_col = 1 if self.settings.metrics.zero_relevance == "skip" else 0
@@ -204,13 +255,21 @@ class WindowCollector(Collector):
                 )
                 for name, metric in RATE_METRICS.items():
                     fam.add(f"recsys_eval_{name}", kl, self._mean(part, metric, k))
+        for k in self.layout.ks:
+            fam.add(
+                "recsys_eval_diversity",
+                {"variant": variant, "k": str(k), "window": window},
+                self._diversity(block, k),
+            )
         for name, weight in self.settings.metrics.composite.items():
             metric, _, cut = name.partition("@")
             if metric == "coverage" and cut:
                 composite += weight * coverage.get((variant, int(cut)), math.nan)
+            elif metric == "diversity" and cut and int(cut) in self.layout.ks:
+                composite += weight * self._diversity(block, int(cut))
             elif cut and (metric, int(cut)) in self.col:
                 composite += weight * self._mean(block, metric, int(cut))
-            else:  # a term the live export does not have (e.g. diversity): no composite
+            else:  # a term the live export does not have: no composite
                 composite = math.nan
         fam.add("recsys_eval_composite_score", {"variant": variant, "window": window}, composite)
 

@@ -110,6 +110,12 @@ class StateStore(Protocol):
         """
         ...
 
+    def distinct_union(
+        self, window_ms: int, bucket_starts: Sequence[int], variants: Sequence[str], k: int
+    ) -> float:
+        """Distinct top-k items recommended by any of ``variants`` over the buckets."""
+        ...
+
     def record_progress(self, progress: Mapping[str, PartitionProgress]) -> None:
         """Merge partition progress (the larger event time wins)."""
         ...

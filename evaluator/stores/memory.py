@@ -30,8 +30,11 @@ class _User:
 class MemoryStore:
     """In-process implementation of :class:`evaluator.stores.base.StateStore`."""
 
-    def __init__(self, layout: AggregateLayout, history_cap: int = 3) -> None:
+    def __init__(
+        self, layout: AggregateLayout, history_cap: int = 3, attribute: str = "category"
+    ) -> None:
         self.layout = layout
+        self.attribute = attribute
         self.history_cap = history_cap
         self._lock = threading.Lock()
         self._requests: dict[str, OpenRequest] = {}
@@ -71,7 +74,12 @@ class MemoryStore:
                     counts.duplicates += 1
                     continue
                 self._requests[rid] = OpenRequest(
-                    rid, event.user_id, event.variant, ts, list(event.items)
+                    rid,
+                    event.user_id,
+                    event.variant,
+                    ts,
+                    list(event.items),
+                    attributes=list((event.item_attributes or {}).get(self.attribute, [])),
                 )
                 self._deadline[rid] = (deadline, shard)
                 self._user(event.user_id).open_requests[rid] = ts
@@ -151,6 +159,7 @@ class MemoryStore:
                         open_request.timestamp_ms,
                         open_request.items,
                         interactions,
+                        open_request.attributes,
                     )
                 )
                 if open_request.user_id not in users:
@@ -236,6 +245,17 @@ class MemoryStore:
                 if window == longest and name == "*" and until - longest <= start <= until:
                     catalog |= items
             return counts, float(len(catalog))
+
+    def distinct_union(
+        self, window_ms: int, bucket_starts: Sequence[int], variants: Sequence[str], k: int
+    ) -> float:
+        with self._lock:
+            sets = [
+                self._items.get((window_ms, b, v, k), set())
+                for b in bucket_starts
+                for v in variants
+            ]
+            return float(len(set().union(*sets)))
 
     def record_progress(self, progress: Mapping[str, PartitionProgress]) -> None:
         with self._lock:

@@ -30,7 +30,7 @@ from evaluator.windows import AggregateLayout, shard_of
 SEP = "\x1f"
 """Separates items, and the parts of a pending interaction."""
 FIELD = "\x1e"
-"""Separates the fields of a stored request: user, variant, time, items."""
+"""Separates the fields of a stored request: user, variant, time, items, attribute values."""
 MAX_LUA_VALUES = 7000
 """Redis' Lua unpacks at most ~8000 values at once; a block must stay below that."""
 
@@ -83,6 +83,7 @@ class RedisStore:
         history_cap: int = 3,
         state_ttl_s: int = 2 * 86_400,
         history_ttl_s: int = 30 * 86_400,
+        attribute: str = "category",
     ) -> None:
         block_values = int(np.prod(layout.block_shape))
         if block_values > MAX_LUA_VALUES:
@@ -92,6 +93,7 @@ class RedisStore:
             )
         self.client = client
         self.layout = layout
+        self.attribute = attribute
         self.prefix = prefix
         self.history_cap = history_cap
         self.state_ttl_s = state_ttl_s
@@ -131,7 +133,10 @@ class RedisStore:
         for event, ts, deadline, shard in zip(
             impressions.events, impressions.timestamp_ms, deadlines_ms, imp_shards, strict=True
         ):
-            value = FIELD.join((event.user_id, event.variant, str(ts), SEP.join(event.items)))
+            attrs = (event.item_attributes or {}).get(self.attribute, [])
+            value = FIELD.join(
+                (event.user_id, event.variant, str(ts), SEP.join(event.items), SEP.join(attrs))
+            )
             per_shard[shard][0].append((event.request_id, event.user_id, ts, deadline, value))
         int_shards = shard_of([e.user_id for e in interactions.events], self.layout).tolist()
         for it, ts, grade, shard in zip(
@@ -276,6 +281,12 @@ class RedisStore:
         replies = [float(n) for n in pipe.execute()]
         return dict(zip(wanted, replies[:-1], strict=True)), replies[-1]
 
+    def distinct_union(
+        self, window_ms: int, bucket_starts: Sequence[int], variants: Sequence[str], k: int
+    ) -> float:
+        keys = [self._cov_key(window_ms, b, v, k) for b in bucket_starts for v in variants]
+        return float(self.client.pfcount(*keys)) if keys else 0.0
+
     def _catalog_keys(self, until_ms: int) -> list[str]:
         """Sketches of every shown item over the longest window ending at ``until_ms``."""
         window = max(self.layout.windows_ms)
@@ -383,13 +394,21 @@ def _text(value: bytes | str | None) -> str:
 
 
 def _decode_request(rid: str, value: bytes, pending: list[bytes]) -> OpenRequest:
-    user, variant, ts, items = value.decode().split(FIELD)
+    user, variant, ts, items, attrs = value.decode().split(FIELD)
     interactions = []
     for k in range(0, len(pending), 2):
         item, its, grade = pending[k + 1].decode().split(SEP)
         interactions.append(PendingInteraction(pending[k].decode(), item, int(its), float(grade)))
     interactions.sort()
-    return OpenRequest(rid, user, variant, int(ts), items.split(SEP), interactions)
+    return OpenRequest(
+        rid,
+        user,
+        variant,
+        int(ts),
+        items.split(SEP),
+        interactions,
+        attrs.split(SEP) if attrs else [],
+    )
 
 
 def _decode_context(
