@@ -151,7 +151,8 @@ class WindowCollector(Collector):
             ab.max_variants,
         )
         label = self.window_label.get(window, format_duration_ms(window))
-        coverage = self._coverage(window, frontier, [v for v in totals if v != OTHER])
+        starts = self._bucket_starts(window, frontier)
+        coverage, counts = self._coverage(window, starts, [v for v in totals if v != OTHER])
         for variant, block in totals.items():
             for k in self.layout.ks:
                 fam.add(
@@ -162,51 +163,49 @@ class WindowCollector(Collector):
             self._variant(fam, variant, block, label, coverage)
         if len(totals) >= 2:
             self._ab(fam, totals, label)
-            self._overlap(fam, window, frontier, label, [v for v in totals if v != OTHER])
-            counts = [float(b[..., 0].sum()) for b in totals.values()]
+            self._overlap(fam, window, starts, counts, label)
+            requests = [float(b[..., 0].sum()) for b in totals.values()]
             weights = [ab.split.get(v, 0.0) for v in totals] if ab.split else None
             fam.add(
                 "recsys_eval_srm_p_value",
                 {"experiment": "default", "window": label},
-                srm_p_value(np.asarray(counts), None if weights is None else np.asarray(weights)),
+                srm_p_value(np.asarray(requests), None if weights is None else np.asarray(weights)),
             )
 
     def _coverage(
-        self, window: int, frontier: int, variants: list[str]
-    ) -> dict[tuple[str, int], float]:
-        """Share of the catalog in the top K of the variant's lists finalised in the window."""
-        counts, catalog_seen = self.store.distinct_items(
-            window, self._bucket_starts(window, frontier), variants
-        )
+        self, window: int, starts: list[int], variants: list[str]
+    ) -> tuple[dict[tuple[str, int], float], dict[tuple[str, int], float]]:
+        """Coverage per (variant, k), and the distinct-item counts behind it."""
+        counts, catalog_seen = self.store.distinct_items(window, starts, variants)
         catalog = float(self.settings.metrics.catalog_size) or catalog_seen
-        return {key: min(1.0, n / catalog) if catalog else math.nan for key, n in counts.items()}
+        coverage = {
+            key: min(1.0, n / catalog) if catalog else math.nan for key, n in counts.items()
+        }
+        return coverage, counts
 
     def _overlap(
         self,
         fam: _Families,
         window: int,
-        frontier: int,
+        starts: list[int],
+        counts: dict[tuple[str, int], float],
         label: str,
-        variants: list[str],
     ) -> None:
         """Jaccard@K between each variant's and the control's item sets (sketch-based:
         |A ∩ B| = |A| + |B| − |A ∪ B|)."""
+        variants = sorted({v for v, _ in counts})
         control = self._control(variants)
         if control is None:
             return
-        starts = self._bucket_starts(window, frontier)
-        counts, _ = self.store.distinct_items(window, starts, variants)
-        for variant in variants:
-            if variant == control:
-                continue
-            for k in self.layout.ks:
-                union = self.store.distinct_union(window, starts, [variant, control], k)
-                both = counts[(variant, k)] + counts[(control, k)] - union
-                fam.add(
-                    "recsys_eval_ab_overlap",
-                    {"variant": variant, "control": control, "k": str(k), "window": label},
-                    max(0.0, both) / union if union else math.nan,
-                )
+        groups = [(v, control, k) for v in variants if v != control for k in self.layout.ks]
+        unions = self.store.distinct_unions(window, starts, groups)
+        for (variant, _, k), union in zip(groups, unions, strict=True):
+            both = counts[(variant, k)] + counts[(control, k)] - union
+            fam.add(
+                "recsys_eval_ab_overlap",
+                {"variant": variant, "control": control, "k": str(k), "window": label},
+                max(0.0, both) / union if union else math.nan,
+            )
 
     def _control(self, variants: list[str]) -> str | None:
         if not variants:

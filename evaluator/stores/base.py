@@ -110,10 +110,10 @@ class StateStore(Protocol):
         """
         ...
 
-    def distinct_union(
-        self, window_ms: int, bucket_starts: Sequence[int], variants: Sequence[str], k: int
-    ) -> float:
-        """Distinct top-k items recommended by any of ``variants`` over the buckets."""
+    def distinct_unions(
+        self, window_ms: int, bucket_starts: Sequence[int], groups: Sequence[tuple[str, str, int]]
+    ) -> list[float]:
+        """For each ``(variant, other, k)``: distinct top-k items recommended by either."""
         ...
 
     def record_progress(self, progress: Mapping[str, PartitionProgress]) -> None:

@@ -246,16 +246,19 @@ class MemoryStore:
                     catalog |= items
             return counts, float(len(catalog))
 
-    def distinct_union(
-        self, window_ms: int, bucket_starts: Sequence[int], variants: Sequence[str], k: int
-    ) -> float:
+    def distinct_unions(
+        self, window_ms: int, bucket_starts: Sequence[int], groups: Sequence[tuple[str, str, int]]
+    ) -> list[float]:
         with self._lock:
-            sets = [
-                self._items.get((window_ms, b, v, k), set())
-                for b in bucket_starts
-                for v in variants
-            ]
-            return float(len(set().union(*sets)))
+            out = []
+            for a, b, k in groups:
+                sets = [
+                    self._items.get((window_ms, s, v, k), set())
+                    for s in bucket_starts
+                    for v in (a, b)
+                ]
+                out.append(float(len(set().union(*sets))))
+            return out
 
     def record_progress(self, progress: Mapping[str, PartitionProgress]) -> None:
         with self._lock:

@@ -281,11 +281,17 @@ class RedisStore:
         replies = [float(n) for n in pipe.execute()]
         return dict(zip(wanted, replies[:-1], strict=True)), replies[-1]
 
-    def distinct_union(
-        self, window_ms: int, bucket_starts: Sequence[int], variants: Sequence[str], k: int
-    ) -> float:
-        keys = [self._cov_key(window_ms, b, v, k) for b in bucket_starts for v in variants]
-        return float(self.client.pfcount(*keys)) if keys else 0.0
+    def distinct_unions(
+        self, window_ms: int, bucket_starts: Sequence[int], groups: Sequence[tuple[str, str, int]]
+    ) -> list[float]:
+        if not bucket_starts:
+            return [0.0] * len(groups)
+        pipe = self.client.pipeline(transaction=False)
+        for a, b, k in groups:
+            pipe.pfcount(
+                *[self._cov_key(window_ms, s, v, k) for s in bucket_starts for v in (a, b)]
+            )
+        return [float(n) for n in pipe.execute()]
 
     def _catalog_keys(self, until_ms: int) -> list[str]:
         """Sketches of every shown item over the longest window ending at ``until_ms``."""
