@@ -108,12 +108,20 @@ def test_variants_beyond_the_cap_fold_into_other() -> None:
 def test_http_endpoints() -> None:
     registry = CollectorRegistry()
     state = {"ready": (False, "no Kafka partitions assigned")}
-    server = serve(registry, "127.0.0.1", 0, lambda: True, lambda: state["ready"])
+    server = serve(
+        registry,
+        "127.0.0.1",
+        0,
+        alive=lambda: True,
+        ready=lambda: state["ready"],
+        extra=lambda: b'recsys_eval_test{variant="a"} 1.0\n',
+    )
     base = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         with urllib.request.urlopen(base + "/metrics") as reply:
             assert reply.status == 200
             assert reply.headers["Content-Type"].startswith("text/plain")
+            assert b'recsys_eval_test{variant="a"} 1.0' in reply.read()
         with urllib.request.urlopen(base + "/healthz") as reply:
             assert reply.read() == b"ok\n"
         with pytest.raises(urllib.error.HTTPError) as info:
@@ -184,3 +192,27 @@ def test_overlap_is_the_jaccard_of_top_k_item_sets(tmp_path) -> None:
                 window="24h",
             )
             assert got == pytest.approx(want, abs=1e-12)
+
+
+def test_fast_exposition_equals_the_client_library(tmp_path) -> None:
+    settings = load_settings(environ={})
+    store = MemoryStore(settings.layout())
+    pipeline = Pipeline(store, settings, clock_ms=FakeClock())
+    events = generate(44, requests=150)
+    events.impressions.append(sentinel(events, after_ms=3_600_000))
+    events.impressions[0]["variant"] = 'quo"te\\back'  # label values are escaped
+    feed(pipeline, events, 44)
+    collector = WindowCollector(store, settings, pipeline.watermark)
+    registry = CollectorRegistry()
+    registry.register(collector)
+
+    def parsed(text: str) -> set:
+        return {
+            (s.name, tuple(sorted(s.labels.items())), s.value)
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+        }
+
+    fast = parsed(collector.exposition().decode())
+    assert fast == parsed(generate_latest(registry).decode())
+    assert any(dict(labels).get("variant") == 'quo"te\\back' for _, labels, _ in fast)

@@ -175,3 +175,16 @@ def test_attribute_values_round_trip(make_store) -> None:
     ingest(store, decode_impressions([payload])[0], interactions())
     requests, _ = store.load(store.due(CONFIG.deadline(1_000), 10))
     assert [r.attributes for r in requests] == [["x", "y"]]
+
+
+def test_blocks_reflect_every_commit_between_reads(make_store) -> None:
+    store = make_store(SETTINGS.layout())
+    window = max(SETTINGS.layout().windows_ms)
+    totals = []
+    for n, ts in enumerate((1_000, 1_500, 2_000), start=1):
+        ingest(store, impressions((f"r{n}", f"u{n}", ts, ["a"])), interactions())
+        finalise_all(store, CONFIG.deadline(ts))
+        blocks = store.blocks(window, 0, CONFIG.deadline(10_000))
+        totals.append(sum(float(b[..., 0].sum()) for b in blocks.values()))
+    assert totals == [1.0, 2.0, 3.0]
+    assert store.blocks(window, 10**14, 10**15) == {}

@@ -97,11 +97,18 @@ def _serve_metrics(
     if not settings.http.port:
         return
     registry = CollectorRegistry()
-    registry.register(WindowCollector(store, settings, pipeline.watermark))
     registry.register(
         PipelineCollector(pipeline.stats, lambda: health.lag, pipeline.watermark, wall_clock_ms)
     )
-    server = serve(registry, settings.http.host, settings.http.port, health.alive, health.ready)
+    windows = WindowCollector(store, settings, pipeline.watermark)
+    server = serve(
+        registry,
+        settings.http.host,
+        settings.http.port,
+        alive=health.alive,
+        ready=health.ready,
+        extra=windows.exposition,
+    )
     log.info("serving /metrics, /healthz, /readyz on %s:%d", *server.server_address[:2])
 
 

@@ -13,17 +13,20 @@ def serve(
     registry: CollectorRegistry,
     host: str,
     port: int,
+    *,
     alive: Callable[[], bool],
     ready: Callable[[], tuple[bool, str]],
+    extra: Callable[[], bytes] = lambda: b"",
 ) -> ThreadingHTTPServer:
     """Start the endpoints on a daemon thread; returns the server (``server_address`` has
-    the bound port when ``port`` is 0)."""
+    the bound port when ``port`` is 0). ``/metrics`` is the registry's exposition
+    followed by ``extra()`` (more exposition text, e.g. the window metrics)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
-                self._reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+                self._reply(200, generate_latest(registry) + extra(), CONTENT_TYPE_LATEST)
             elif path == "/healthz":
                 ok = alive()
                 self._reply(200 if ok else 503, b"ok\n" if ok else b"stalled\n")

@@ -12,8 +12,10 @@ aggregate them with ``sum``. Labels are bounded: variants are capped
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -37,17 +39,45 @@ RATE_METRICS = {"mrr": "mrr", "hit_rate": "hit_rate"}
 """Per-request rates exported besides nDCG; precision and recall stay in replay reports."""
 
 
+_ESCAPE = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n"})
+
+
 @dataclass(slots=True)
 class _Families:
-    """The gauge families of one scrape, keyed by metric name."""
+    """The gauge samples of one scrape, keyed by metric name."""
 
-    gauges: dict[str, GaugeMetricFamily]
+    help: dict[str, str]
     labels: dict[str, list[str]]
+    samples: dict[str, list[tuple[list[str], float]]]
 
     def add(self, name: str, labels: dict[str, str], value: float) -> None:
         """Add a sample; NaN (no data yet) is left out rather than exported."""
         if math.isfinite(value):
-            self.gauges[name].add_metric([labels[k] for k in self.labels[name]], value)
+            self.samples[name].append(([labels[k] for k in self.labels[name]], value))
+
+    def families(self) -> Iterator[GaugeMetricFamily]:
+        for name, samples in self.samples.items():
+            family = GaugeMetricFamily(name, self.help[name], labels=self.labels[name])
+            for values, value in samples:
+                family.add_metric(values, value)
+            yield family
+
+    def text(self) -> str:
+        """Prometheus text exposition, written directly: the samples are many and their
+        label names are fixed, so this skips the per-sample validation of the client."""
+        out: list[str] = []
+        for name, samples in self.samples.items():
+            out.append(f"# HELP {name} {self.help[name]}\n# TYPE {name} gauge\n")
+            keys = self.labels[name]
+            for values, value in samples:
+                if keys:
+                    pairs = ",".join(
+                        f'{k}="{v.translate(_ESCAPE)}"' for k, v in zip(keys, values, strict=True)
+                    )
+                    out.append(f"{name}{{{pairs}}} {value!r}\n")
+                else:
+                    out.append(f"{name} {value!r}\n")
+        return "".join(out)
 
 
 def _families() -> _Families:
@@ -101,8 +131,9 @@ def _families() -> _Families:
         )
     spec["recsys_eval_ab_p_value"] = ("p-value of variant vs control.", [*ab, "method"])
     return _Families(
-        {n: GaugeMetricFamily(n, d, labels=lab) for n, (d, lab) in spec.items()},
+        {n: d for n, (d, _) in spec.items()},
         {n: lab for n, (_, lab) in spec.items()},
+        {n: [] for n in spec},
     )
 
 
@@ -110,13 +141,21 @@ class WindowCollector(Collector):
     """Reads window aggregates from the store when Prometheus scrapes."""
 
     def __init__(
-        self, store: StateStore, settings: Settings, watermark: Callable[[], int | None]
+        self,
+        store: StateStore,
+        settings: Settings,
+        watermark: Callable[[], int | None],
+        sketch_refresh_s: float = 60.0,
     ) -> None:
         self.store = store
         self.settings = settings
         self.layout = store.layout
         self.watermark = watermark
         self.tracker = SequentialTracker()
+        self.sketch_refresh_s = sketch_refresh_s
+        """Coverage and overlap come from sketches that are costly to merge: refreshed at
+        most this often (they describe windows of 5 minutes and more)."""
+        self._sketches: dict[tuple[int, str], tuple[float, Any]] = {}
         self.window_label = {
             parse_duration_ms(size): size.strip()
             if isinstance(size, str)
@@ -127,14 +166,21 @@ class WindowCollector(Collector):
         self.col = {mk: 2 + i for i, mk in enumerate(columns)}
         self.n_values = len(columns)
 
-    def collect(self) -> Iterator[Metric]:
+    def _scrape(self) -> _Families:
         fam = _families()
         frontier = self.watermark()
         if frontier is not None:
             fam.add("recsys_eval_watermark_seconds", {}, frontier / 1000.0)
             for window in self.layout.windows_ms:
                 self._window(fam, window, frontier)
-        yield from fam.gauges.values()
+        return fam
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._scrape().families()
+
+    def exposition(self) -> bytes:
+        """The same metrics as :meth:`collect`, as exposition text (much faster)."""
+        return self._scrape().text().encode()
 
     def _window(self, fam: _Families, window: int, frontier: int) -> None:
         ab = self.settings.ab
@@ -172,11 +218,23 @@ class WindowCollector(Collector):
                 srm_p_value(np.asarray(requests), None if weights is None else np.asarray(weights)),
             )
 
+    def _cached(self, key: tuple[int, str], compute: Callable[[], Any]) -> Any:
+        now = time.monotonic()
+        hit = self._sketches.get(key)
+        if hit is not None and now - hit[0] < self.sketch_refresh_s:
+            return hit[1]
+        value = compute()
+        self._sketches[key] = (now, value)
+        return value
+
     def _coverage(
         self, window: int, starts: list[int], variants: list[str]
     ) -> tuple[dict[tuple[str, int], float], dict[tuple[str, int], float]]:
         """Coverage per (variant, k), and the distinct-item counts behind it."""
-        counts, catalog_seen = self.store.distinct_items(window, starts, variants)
+        counts, catalog_seen = self._cached(
+            (window, "items:" + ",".join(variants)),
+            lambda: self.store.distinct_items(window, starts, variants),
+        )
         catalog = float(self.settings.metrics.catalog_size) or catalog_seen
         coverage = {
             key: min(1.0, n / catalog) if catalog else math.nan for key, n in counts.items()
@@ -198,7 +256,10 @@ class WindowCollector(Collector):
         if control is None:
             return
         groups = [(v, control, k) for v in variants if v != control for k in self.layout.ks]
-        unions = self.store.distinct_unions(window, starts, groups)
+        unions = self._cached(
+            (window, "unions:" + ",".join(variants)),
+            lambda: self.store.distinct_unions(window, starts, groups),
+        )
         for (variant, _, k), union in zip(groups, unions, strict=True):
             both = counts[(variant, k)] + counts[(control, k)] - union
             fam.add(
@@ -236,9 +297,10 @@ class WindowCollector(Collector):
         window: str,
         coverage: dict[tuple[str, int], float],
     ) -> None:
+        block = block.sum(axis=1)  # (cohort, row): user buckets only matter for A/B tests
         composite = 0.0
         for cohort, index in COHORTS.items():
-            part = block if index is None else block[index]
+            part = block.sum(axis=0) if index is None else block[index]
             base = {"variant": variant, "window": window, "cohort": cohort}
             fam.add("recsys_eval_requests", base, float(part[..., 0].sum()))
             fam.add("recsys_eval_engaged_requests", base, float(part[..., 1].sum()))

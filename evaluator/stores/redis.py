@@ -106,6 +106,10 @@ class RedisStore:
         self._pfadd = client.register_script(_script("pfadd"))
         self._progress = client.register_script(_script("progress"))
         self._meta = f"{{{prefix}:meta}}:"
+        self._cache: dict[tuple[int, int], dict[str, FloatArray]] = {}
+        self._versions: dict[tuple[int, int], int] = {}
+        self._assembled: dict[int, dict[tuple[int, str], FloatArray]] = {}
+        self._owners: dict[tuple[int, tuple[int, str]], set[int]] = {}
 
     def tag(self, shard: int) -> str:
         return f"{{{self.prefix}:{shard}}}:"
@@ -328,38 +332,75 @@ class RedisStore:
     def blocks(
         self, window_ms: int, since_ms: int | None = None, until_ms: int | None = None
     ) -> dict[tuple[int, str], FloatArray]:
+        """Blocks of a window in a range; unchanged blocks come from a local cache.
+
+        Every commit records the blocks it touched under a per-shard version
+        (``mod:<window>``), so only blocks written since the previous read are
+        fetched again: the result is always current, and reading is cheap once warm.
+        """
         lo = "-inf" if since_ms is None else since_ms
         hi = "+inf" if until_ms is None else until_ms
+        shards = range(self.layout.shards)
         pipe = self.client.pipeline(transaction=False)
-        for shard in range(self.layout.shards):
-            pipe.zrangebyscore(f"{self.tag(shard)}bi:{window_ms}", lo, hi)
-        names = [
-            (shard, name)
-            for shard, members in enumerate(pipe.execute())
-            for name in map(_text, members)
-        ]
-        by_shard: dict[int, list[str]] = defaultdict(list)
-        for shard, name in names:
-            by_shard[shard].append(name)
+        for shard in shards:
+            tag = self.tag(shard)
+            pipe.zrangebyscore(f"{tag}bi:{window_ms}", lo, hi)
+            seen = self._versions.get((window_ms, shard), 0)
+            pipe.zrangebyscore(f"{tag}mod:{window_ms}", f"({seen}", "+inf", withscores=True)
+        replies = pipe.execute()
+        wanted: dict[int, list[str]] = {}
+        for shard in shards:
+            names = [_text(n) for n in replies[2 * shard]]
+            changed = replies[2 * shard + 1]
+            cache = self._cache.setdefault((window_ms, shard), {})
+            for name in [n for n in cache if n not in names]:
+                del cache[name]
+                self._place(window_ms, shard, name, None)
+            for name, version in changed:
+                if cache.pop(_text(name), None) is not None:
+                    self._place(window_ms, shard, _text(name), None)
+                key = (window_ms, shard)
+                self._versions[key] = max(self._versions.get(key, 0), int(version))
+            wanted[shard] = [n for n in names if n not in cache]
+        self._fetch(window_ms, wanted)
+        return self._assemble(window_ms)
+
+    def _fetch(self, window_ms: int, wanted: dict[int, list[str]]) -> None:
         pipe = self.client.pipeline(transaction=False)
-        for shard, shard_names in by_shard.items():  # one MGET per shard: a single slot each
-            pipe.mget([f"{self.tag(shard)}b:{name}" for name in shard_names])
+        order = [(shard, names) for shard, names in wanted.items() if names]
+        for shard, names in order:  # one MGET per shard: a single slot each
+            pipe.mget([f"{self.tag(shard)}b:{name}" for name in names])
+        shape = self.layout.block_shape
+        for (shard, names), raws in zip(order, pipe.execute(), strict=True):
+            cache = self._cache[(window_ms, shard)]
+            for name, raw in zip(names, raws, strict=True):
+                if raw is not None:
+                    cache[name] = np.frombuffer(raw, dtype="<f8").reshape(shape)
+                    self._place(window_ms, shard, name, cache[name])
+
+    def _place(self, window_ms: int, shard: int, name: str, block: FloatArray | None) -> None:
+        """Keep the assembled (2, user_buckets, row) array of each bucket up to date."""
         layout = self.layout
-        stacked: dict[tuple[int, str], FloatArray] = {}
-        for (shard, shard_names), raws in zip(by_shard.items(), pipe.execute(), strict=True):
-            for name, raw in zip(shard_names, raws, strict=True):
-                if raw is None:
-                    continue
-                _, start, variant = name.split(":", 2)
-                key = (int(start), variant)
-                if key not in stacked:
-                    stacked[key] = np.zeros((layout.shards, *layout.block_shape))
-                stacked[key][shard] = np.frombuffer(raw, dtype="<f8").reshape(layout.block_shape)
-        # (shards, 2, local, row) -> (2, local * shards + shard, row): user bucket order
-        return {
-            key: arr.transpose(1, 2, 0, 3).reshape(2, layout.user_buckets, layout.row_width)
-            for key, arr in stacked.items()
-        }
+        _, start, variant = name.split(":", 2)
+        key = (int(start), variant)
+        assembled = self._assembled.setdefault(window_ms, {})
+        owners = self._owners.setdefault((window_ms, key), set())
+        if block is None:
+            owners.discard(shard)
+            if not owners:
+                assembled.pop(key, None)
+                del self._owners[(window_ms, key)]
+                return
+        else:
+            owners.add(shard)
+        if key not in assembled:
+            assembled[key] = np.zeros((2, layout.user_buckets, layout.row_width))
+        # user bucket = local * shards + shard
+        assembled[key][:, shard :: layout.shards, :] = 0.0 if block is None else block
+
+    def _assemble(self, window_ms: int) -> dict[tuple[int, str], FloatArray]:
+        """The assembled buckets (shared with the cache: callers must not modify them)."""
+        return dict(self._assembled.get(window_ms, {}))
 
     def record_progress(self, progress: Mapping[str, PartitionProgress]) -> None:
         args: list[Any] = []

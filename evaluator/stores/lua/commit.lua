@@ -38,6 +38,8 @@ end
 for variant in pairs(variants) do redis.call('SADD', p .. 'vars', variant) end
 local fmt = '<' .. string.rep('d', nblock)
 local incs = ARGV[7]
+local version = redis.call('INCR', p .. 'ver')
+local oldest = {}
 for i, b in ipairs(data[2]) do
   local bk = p .. 'b:' .. b[1]
   local inc = {struct.unpack(fmt, incs, (i - 1) * nblock * 8 + 1)}
@@ -47,9 +49,19 @@ for i, b in ipairs(data[2]) do
     for j = 1, nblock do inc[j] = inc[j] + vals[j] end
   end
   redis.call('SET', bk, struct.pack(fmt, unpack(inc, 1, nblock)), 'EX', b[3])
-  local index = p .. 'bi:' .. b[4]
-  redis.call('ZADD', index, b[2], b[1])
-  redis.call('ZREMRANGEBYSCORE', index, '-inf', '(' .. (b[2] - 2 * b[4]))
+  redis.call('ZADD', p .. 'bi:' .. b[4], b[2], b[1])
+  redis.call('ZADD', p .. 'mod:' .. b[4], version, b[1])
+  local cutoff = b[2] - 2 * b[4]
+  if not oldest[b[4]] or cutoff < oldest[b[4]] then oldest[b[4]] = cutoff end
+end
+-- forget blocks that fell far out of their window (their keys expire by TTL)
+for window, cutoff in pairs(oldest) do
+  local index = p .. 'bi:' .. window
+  local gone = redis.call('ZRANGEBYSCORE', index, '-inf', '(' .. cutoff, 'LIMIT', 0, 1000)
+  if #gone > 0 then
+    redis.call('ZREM', p .. 'mod:' .. window, unpack(gone))
+    redis.call('ZREM', index, unpack(gone))
+  end
 end
 redis.call('HINCRBY', p .. 'c', 'finalised', #data[1])
 return {#data[1], {}}
