@@ -30,3 +30,51 @@ def machine() -> str:
     except OSError:
         pass
     return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+T0 = 1_700_000_000_000
+
+
+def synthetic_events(
+    requests: int,
+    *,
+    seed: int = 0,
+    spacing_ms: int = 50,
+    per_request: tuple[int, ...] = (0, 1, 1, 2, 3),
+    types: tuple[str, ...] = ("click", "click", "add_to_cart", "purchase"),
+) -> tuple[list[bytes], list[bytes]]:
+    """Impressions of 20 items over 2 variants and users, and position-biased interactions
+    (70% naming their request), as JSON payloads."""
+    import json
+    import random
+
+    rng = random.Random(seed)
+    imps, ints = [], []
+    for r in range(requests):
+        ts = T0 + r * spacing_ms
+        items = list(dict.fromkeys(f"p{rng.randrange(50_000)}" for _ in range(20)))
+        user = f"u{rng.randrange(max(1, requests // 4))}"
+        imps.append(
+            json.dumps(
+                {
+                    "event_id": f"i{r}",
+                    "request_id": f"r{r}",
+                    "user_id": user,
+                    "variant": "AB"[r % 2],
+                    "timestamp": ts,
+                    "items": items,
+                }
+            ).encode()
+        )
+        for n in range(rng.choice(per_request)):
+            event = {
+                "event_id": f"e{r}-{n}",
+                "user_id": user,
+                "item_id": items[min(int(rng.expovariate(0.3)), len(items) - 1)],
+                "type": rng.choice(types),
+                "timestamp": ts + rng.randrange(1_000, 600_000),
+            }
+            if rng.random() < 0.7:
+                event["request_id"] = f"r{r}"
+            ints.append(json.dumps(event).encode())
+    return imps, ints

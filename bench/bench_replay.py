@@ -9,13 +9,11 @@ plain objects, without validation, joining or scoring.
 from __future__ import annotations
 
 import argparse
-import json
-import random
 import tempfile
 from pathlib import Path
 
 import msgspec
-from _common import machine, median_rate
+from _common import machine, median_rate, synthetic_events
 
 from evaluator.commands.replay import evaluate_files
 from evaluator.config import load_settings
@@ -24,41 +22,11 @@ T0 = 1_700_000_000_000
 
 
 def write_events(directory: Path, requests: int, seed: int = 0) -> tuple[Path, Path, int]:
-    rng = random.Random(seed)
-    imp_lines, int_lines = [], []
-    for r in range(requests):
-        ts = T0 + r * 50
-        items = [f"p{rng.randrange(50_000)}" for _ in range(20)]
-        items = list(dict.fromkeys(items))
-        user = f"u{rng.randrange(requests // 4 + 1)}"
-        imp_lines.append(
-            json.dumps(
-                {
-                    "event_id": f"i{r}",
-                    "request_id": f"r{r}",
-                    "user_id": user,
-                    "variant": "AB"[r % 2],
-                    "timestamp": ts,
-                    "items": items,
-                }
-            )
-        )
-        for n in range(rng.choice([0, 1, 1, 2, 3])):
-            pos = min(int(rng.expovariate(0.3)), len(items) - 1)
-            event = {
-                "event_id": f"e{r}-{n}",
-                "user_id": user,
-                "item_id": items[pos],
-                "type": rng.choice(["click", "click", "add_to_cart", "purchase"]),
-                "timestamp": ts + rng.randrange(1_000, 600_000),
-            }
-            if rng.random() < 0.7:
-                event["request_id"] = f"r{r}"
-            int_lines.append(json.dumps(event))
+    imps, ints = synthetic_events(requests, seed=seed)
     imp, inter = directory / "impressions.jsonl", directory / "interactions.jsonl"
-    imp.write_text("\n".join(imp_lines) + "\n")
-    inter.write_text("\n".join(int_lines) + "\n")
-    return imp, inter, len(imp_lines) + len(int_lines)
+    imp.write_bytes(b"\n".join(imps) + b"\n")
+    inter.write_bytes(b"\n".join(ints) + b"\n")
+    return imp, inter, len(imps) + len(ints)
 
 
 def decode_only(paths: tuple[Path, Path]) -> int:

@@ -15,9 +15,7 @@ ingested with nothing finalised, and used_memory grows by that much per request.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -27,7 +25,7 @@ import uuid
 from pathlib import Path
 
 import redis
-from _common import machine
+from _common import machine, synthetic_events
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 
@@ -36,36 +34,13 @@ T0 = 1_700_000_000_000
 
 
 def events(requests: int, seed: int = 0) -> tuple[list[bytes], list[bytes]]:
-    rng = random.Random(seed)
-    imps, ints = [], []
-    for r in range(requests):
-        ts = T0 + r * 20
-        items = list(dict.fromkeys(f"p{rng.randrange(50_000)}" for _ in range(20)))
-        user = f"u{rng.randrange(max(1, requests // 4))}"
-        imps.append(
-            json.dumps(
-                {
-                    "event_id": f"i{r}",
-                    "request_id": f"r{r}",
-                    "user_id": user,
-                    "variant": "AB"[r % 2],
-                    "timestamp": ts,
-                    "items": items,
-                }
-            ).encode()
-        )
-        for n in range(rng.choice([0, 1, 1, 2])):
-            event = {
-                "event_id": f"e{r}-{n}",
-                "user_id": user,
-                "item_id": items[min(int(rng.expovariate(0.3)), len(items) - 1)],
-                "type": rng.choice(["click", "add_to_cart", "purchase"]),
-                "timestamp": ts + rng.randrange(1_000, 600_000),
-            }
-            if rng.random() < 0.7:
-                event["request_id"] = f"r{r}"
-            ints.append(json.dumps(event).encode())
-    return imps, ints
+    return synthetic_events(
+        requests,
+        seed=seed,
+        spacing_ms=20,
+        per_request=(0, 1, 1, 2),
+        types=("click", "add_to_cart", "purchase"),
+    )
 
 
 def produce(bootstrap: str, name: str, imps: list[bytes], ints: list[bytes]) -> None:

@@ -10,10 +10,10 @@ caller (file replay, Kafka consumer, simulator) counts and dead-letters the same
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import msgspec
 import numpy as np
@@ -158,52 +158,59 @@ def check_interaction(
     return None
 
 
+E = TypeVar("E", Impression, Interaction)
+
+
+def _decode_valid(
+    raw: Sequence[bytes],
+    decoder: msgspec.json.Decoder[E],
+    check: Callable[[E], tuple[InvalidReason, str] | None],
+    base_index: int,
+) -> tuple[list[E], list[InvalidEvent]]:
+    """Decode each payload and run the semantic check; split valid from invalid."""
+    valid: list[E] = []
+    invalid: list[InvalidEvent] = []
+    decode = decoder.decode
+    for offset, payload in enumerate(raw):
+        try:
+            event = decode(payload)
+        except msgspec.DecodeError as exc:
+            invalid.append(_decode_error(base_index + offset, exc))
+            continue
+        problem = check(event)
+        if problem is None:
+            valid.append(event)
+        else:
+            invalid.append(InvalidEvent(base_index + offset, *problem))
+    return valid, invalid
+
+
 def decode_impressions(
     raw: Sequence[bytes], max_list_length: int = 1000, base_index: int = 0
 ) -> tuple[ImpressionBatch, list[InvalidEvent]]:
     """Decode and validate JSON impressions; invalid ones are returned, never raised."""
-    batch = ImpressionBatch()
-    invalid: list[InvalidEvent] = []
-    decode = _IMPRESSION_DECODER.decode
-    for offset, payload in enumerate(raw):
-        index = base_index + offset
-        try:
-            event = decode(payload)
-        except msgspec.DecodeError as exc:
-            invalid.append(_decode_error(index, exc))
-            continue
-        problem = check_impression(event, max_list_length)
-        if problem is not None:
-            invalid.append(InvalidEvent(index, *problem))
-            continue
-        batch.events.append(event)
-        batch.timestamp_ms.append(to_ms(event.timestamp))
-    return batch, invalid
+    events, invalid = _decode_valid(
+        raw, _IMPRESSION_DECODER, lambda e: check_impression(e, max_list_length), base_index
+    )
+    return ImpressionBatch(events, [to_ms(e.timestamp) for e in events]), invalid
 
 
 def decode_interactions(
     raw: Sequence[bytes], profile: RelevanceProfile, base_index: int = 0
 ) -> tuple[InteractionBatch, list[InvalidEvent]]:
     """Decode, validate and grade JSON interactions; invalid ones are returned, never raised."""
-    batch = InteractionBatch()
-    invalid: list[InvalidEvent] = []
-    decode = _INTERACTION_DECODER.decode
+    events, invalid = _decode_valid(
+        raw, _INTERACTION_DECODER, lambda e: check_interaction(e, profile), base_index
+    )
     grade = profile.grade
-    for offset, payload in enumerate(raw):
-        index = base_index + offset
-        try:
-            event = decode(payload)
-        except msgspec.DecodeError as exc:
-            invalid.append(_decode_error(index, exc))
-            continue
-        problem = check_interaction(event, profile)
-        if problem is not None:
-            invalid.append(InvalidEvent(index, *problem))
-            continue
-        batch.events.append(event)
-        batch.timestamp_ms.append(to_ms(event.timestamp))
-        batch.grade.append(grade(event.type, event.watch_time, event.duration))
-    return batch, invalid
+    return (
+        InteractionBatch(
+            events,
+            [to_ms(e.timestamp) for e in events],
+            [grade(e.type, e.watch_time, e.duration) for e in events],
+        ),
+        invalid,
+    )
 
 
 def json_schemas() -> dict[str, dict[str, object]]:
