@@ -9,6 +9,7 @@ simulator with the embedded store. The caller commits source offsets only after
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -56,6 +57,30 @@ class Rejected:
     event: InvalidEvent
 
 
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass(slots=True)
+class LatencyHistogram:
+    """Cumulative-bucket histogram of batch processing time in seconds (Prometheus style)."""
+
+    bounds: tuple[float, ...] = LATENCY_BUCKETS_S
+    counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
+    total: float = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.total += seconds
+        self.counts[bisect.bisect_left(self.bounds, seconds)] += 1
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """``(upper bound, cumulative count)`` pairs ending with ``+Inf``."""
+        running, out = 0, []
+        for bound, count in zip((*map(str, self.bounds), "+Inf"), self.counts, strict=True):
+            running += count
+            out.append((bound, running))
+        return out
+
+
 @dataclass(slots=True)
 class PipelineStats:
     """Running process counters (exported as Prometheus counters)."""
@@ -68,6 +93,7 @@ class PipelineStats:
     dead_lettered: int = 0
     store_errors: int = 0
     outcomes: Counter[str] = field(default_factory=Counter)
+    latency: LatencyHistogram = field(default_factory=LatencyHistogram)
 
 
 def wall_clock_ms() -> int:
@@ -154,6 +180,7 @@ class Pipeline:
 
     def process(self, batches: Sequence[PartitionBatch]) -> list[Rejected]:
         """Ingest a polled batch and finalise what became due; returns the invalid messages."""
+        started = time.perf_counter()
         imps, ints, rejected, latest = self._decode(batches)
         watermark = self.watermark()
         late_before = (watermark - self.horizon_ms) if watermark is not None else -(2**62)
@@ -165,6 +192,7 @@ class Pipeline:
         if latest:
             self.store.record_progress({p: PartitionProgress(t, now) for p, t in latest.items()})
         self.finalise_due()
+        self.stats.latency.observe(time.perf_counter() - started)
         return rejected
 
     def finalise_due(self) -> int:

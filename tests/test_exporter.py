@@ -95,6 +95,9 @@ def test_ab_series_and_bounded_labels(scraped) -> None:
             assert not any(key in s.labels for key in ("user", "user_id", "item", "item_id"))
     assert pick(found, "recsys_eval_late_events_total") >= 0
     assert pick(found, "recsys_eval_events_consumed_total", topic="impressions") > 0
+    batches = pick(found, "recsys_eval_batch_processing_seconds_count")
+    assert batches > 0
+    assert pick(found, "recsys_eval_batch_processing_seconds_bucket", le="+Inf") == batches
 
 
 def test_variants_beyond_the_cap_fold_into_other() -> None:

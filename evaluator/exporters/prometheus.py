@@ -18,7 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from evaluator.config import Settings
@@ -427,6 +432,13 @@ class PipelineCollector(Collector):
         )
         for name, text, value in counters:
             yield CounterMetricFamily(name, text, value=value)
+        latency = HistogramMetricFamily(
+            "recsys_eval_batch_processing_seconds",
+            "Time to decode, store and finalise one polled batch.",
+            buckets=s.latency.cumulative(),
+            sum_value=s.latency.total,
+        )
+        yield latency
         lag = GaugeMetricFamily(
             "recsys_eval_consumer_lag_messages",
             "Messages behind the partition end.",
