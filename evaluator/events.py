@@ -41,6 +41,9 @@ class Impression(msgspec.Struct, frozen=True):
     surface: str | None = None
     item_attributes: dict[str, list[str]] | None = None
     """Per-attribute lists parallel to ``items``, e.g. ``{"category": ["shoes", ...]}``."""
+    shadow: dict[str, list[str]] | None = None
+    """Rankings other variants would have shown for this request, by variant, e.g.
+    ``{"control": [...]}``; used for rank-biased overlap between variants."""
 
 
 class Interaction(msgspec.Struct, frozen=True):

@@ -18,6 +18,7 @@ import numpy.typing as npt
 
 from evaluator.cohort import cohort_codes
 from evaluator.join import JoinOutcome, JoinRules, join_by_request, join_by_user
+from evaluator.metrics.overlap import rbo
 from evaluator.metrics.setlevel import encode_top, intra_list_diversity
 from evaluator.scoring import ScoringConfig, score_sparse
 from evaluator.windows import AggregateLayout, contribution_rows, user_buckets
@@ -47,6 +48,9 @@ class OpenRequest:
     interactions: list[PendingInteraction] = field(default_factory=list)
     attributes: list[str] = field(default_factory=list)
     """Values of the diversity attribute, parallel to ``items`` (may be empty)."""
+    shadow_variant: str = ""
+    shadow: list[str] = field(default_factory=list)
+    """The ranking ``shadow_variant`` would have shown (empty: none)."""
 
 
 @dataclass(slots=True)
@@ -118,6 +122,7 @@ class FinaliseConfig:
     layout: AggregateLayout
     min_relevant_history: int = 3
     allowed_lateness_ms: int = 60_000
+    rbo_p: float = 0.9
 
     def deadline(self, impression_ms: int) -> int:
         return deadline_ms(impression_ms, self.rules, self.allowed_lateness_ms)
@@ -160,9 +165,12 @@ def finalise(
     diversity = np.column_stack(
         [intra_list_diversity(codes[:, :k]) for k in config.scoring.ks]
     ).reshape(len(requests), len(config.scoring.ks))
+    overlap = np.array(
+        [rbo(r.items, r.shadow, config.rbo_p) if r.shadow else np.nan for r in requests]
+    )
     return Finalised(
         requests,
-        contribution_rows(scores, diversity),
+        contribution_rows(scores, diversity, overlap),
         cohort.astype(np.int64),
         user_buckets([r.user_id for r in requests], layout),
         deadlines,

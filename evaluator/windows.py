@@ -8,7 +8,8 @@ skew + allowed lateness), so a window holds "the requests finalised in it".
 A bucket holds, per variant, a float64 block of shape ``(2 cohorts, local user
 buckets, row width)``. A row is ``[count, engaged, sum of each metric@K...,
 sum of squares of each metric@K..., lists with a diversity@K..., sum of
-diversity@K...]``. Users are hashed into ``user_buckets``;
+diversity@K..., requests with a shadow ranking, sum of RBO with it]``.
+Users are hashed into ``user_buckets``;
 bucket ``b`` lives in shard ``b % shards`` at local index ``b // shards``, so a
 shard's blocks only carry its own users and summing shards loses nothing.
 """
@@ -52,7 +53,11 @@ class AggregateLayout:
 
     @property
     def row_width(self) -> int:
-        return 2 + 2 * self.n_values + 2 * len(self.ks)
+        return 2 + 2 * self.n_values + 2 * len(self.ks) + 2
+
+    def rbo_columns(self) -> tuple[int, int]:
+        """Row columns of (requests with a shadow ranking, sum of their RBO)."""
+        return self.row_width - 2, self.row_width - 1
 
     def diversity_columns(self, k: int) -> tuple[int, int]:
         """Row columns of (lists with a diversity@k, sum of diversity@k)."""
@@ -105,14 +110,18 @@ def shard_of(user_ids: Sequence[str], layout: AggregateLayout) -> I64:
     return user_buckets(user_ids, layout) % layout.shards
 
 
-def contribution_rows(scores: RequestScores, diversity: FloatArray) -> FloatArray:
-    """One statistics row per request: ``[1, engaged, values, squares, has diversity, diversity]``.
+def contribution_rows(
+    scores: RequestScores, diversity: FloatArray, overlap: FloatArray
+) -> FloatArray:
+    """One statistics row per request (see the module docstring for the columns).
 
-    ``diversity`` has one column per K, NaN where a list has no diversity.
+    ``diversity`` has one column per K and ``overlap`` one value per request (RBO
+    with the shadow ranking), NaN where undefined.
     """
     values = scores.matrix()
     n = values.shape[0]
     defined = np.isfinite(diversity)
+    has_rbo = np.isfinite(overlap)
     return np.hstack(
         [
             np.ones((n, 1)),
@@ -121,6 +130,8 @@ def contribution_rows(scores: RequestScores, diversity: FloatArray) -> FloatArra
             values * values,
             defined.astype(np.float64),
             np.where(defined, diversity, 0.0),
+            has_rbo.astype(np.float64)[:, None],
+            np.where(has_rbo, overlap, 0.0)[:, None],
         ]
     )
 

@@ -219,3 +219,35 @@ def test_fast_exposition_equals_the_client_library(tmp_path) -> None:
     fast = parsed(collector.exposition().decode())
     assert fast == parsed(generate_latest(registry).decode())
     assert any(dict(labels).get("variant") == 'quo"te\\back' for _, labels, _ in fast)
+
+
+def test_rbo_with_shadow_rankings(tmp_path) -> None:
+    from tests import reference
+
+    settings = load_settings(environ={}, overrides={"ab": {"control": "A"}})
+    store = MemoryStore(settings.layout())
+    pipeline = Pipeline(store, settings, clock_ms=FakeClock())
+    events = generate(45, requests=150)
+    want: dict[str, list[float]] = {}
+    seen: set[str] = set()
+    for e in events.impressions:  # duplicates (at-least-once copies) carry it too
+        if e["variant"] != "A":
+            shadow = list(reversed(e["items"]))[:15]
+            e["shadow"] = {"A": shadow}
+            if e["request_id"] not in seen:
+                seen.add(e["request_id"])
+                rbo = reference.rbo_ext(e["items"], shadow, 0.9)
+                want.setdefault(e["variant"], []).append(rbo)
+    events.impressions.append(sentinel(events, after_ms=3_600_000))
+    feed(pipeline, events, 45)
+    registry = CollectorRegistry()
+    registry.register(WindowCollector(store, settings, pipeline.watermark))
+    found = samples(registry)
+    for variant, values in want.items():
+        got = pick(found, "recsys_eval_ab_overlap", variant=variant, measure="rbo", window="24h")
+        assert got == pytest.approx(sum(values) / len(values), abs=1e-9)
+    assert not [
+        s
+        for s in found["recsys_eval_ab_overlap"]
+        if s.labels["variant"] == "A" and s.labels["measure"] == "rbo"
+    ]

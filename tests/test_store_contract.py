@@ -188,3 +188,21 @@ def test_blocks_reflect_every_commit_between_reads(make_store) -> None:
         totals.append(sum(float(b[..., 0].sum()) for b in blocks.values()))
     assert totals == [1.0, 2.0, 3.0]
     assert store.blocks(window, 10**14, 10**15) == {}
+
+
+def test_shadow_ranking_round_trips(make_store) -> None:
+    store = make_store(SETTINGS.layout())
+    payload = json.dumps(
+        {
+            "event_id": "e",
+            "request_id": "r",
+            "user_id": "u",
+            "variant": "B",
+            "timestamp": 1_000,
+            "items": ["a", "b"],
+            "shadow": {"A": ["b", "c"]},
+        }
+    ).encode()
+    ingest(store, decode_impressions([payload])[0], interactions())
+    requests, _ = store.load(store.due(CONFIG.deadline(1_000), 10))
+    assert [(r.shadow_variant, r.shadow) for r in requests] == [("A", ["b", "c"])]

@@ -106,8 +106,10 @@ def _families() -> _Families:
             ["variant", "k", "window"],
         ),
         "recsys_eval_ab_overlap": (
-            "Jaccard@K of the variant's and the control's recommended item sets in the window.",
-            ["variant", "control", "k", "window"],
+            "Overlap with the control: Jaccard@K of the recommended item sets in the window "
+            '(measure="jaccard"), or mean rank-biased overlap with shadow rankings '
+            '(measure="rbo", k="all").',
+            ["variant", "control", "k", "window", "measure"],
         ),
         "recsys_eval_diversity": (
             "Mean intra-list diversity@K of lists with the attribute, in the window.",
@@ -269,7 +271,13 @@ class WindowCollector(Collector):
             both = counts[(variant, k)] + counts[(control, k)] - union
             fam.add(
                 "recsys_eval_ab_overlap",
-                {"variant": variant, "control": control, "k": str(k), "window": label},
+                {
+                    "variant": variant,
+                    "control": control,
+                    "k": str(k),
+                    "window": label,
+                    "measure": "jaccard",
+                },
                 max(0.0, both) / union if union else math.nan,
             )
 
@@ -321,6 +329,19 @@ class WindowCollector(Collector):
                 )
                 for name, metric in RATE_METRICS.items():
                     fam.add(f"recsys_eval_{name}", kl, self._mean(part, metric, k))
+        has_rbo, rbo_sum = self.layout.rbo_columns()
+        with_shadow = float(block[..., has_rbo].sum())
+        if with_shadow:
+            labels = {
+                "variant": variant,
+                "control": self.settings.ab.control or "shadow",
+                "k": "all",
+                "window": window,
+                "measure": "rbo",
+            }
+            fam.add(
+                "recsys_eval_ab_overlap", labels, float(block[..., rbo_sum].sum()) / with_shadow
+            )
         for k in self.layout.ks:
             fam.add(
                 "recsys_eval_diversity",

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from evaluator.events import ImpressionBatch, Interaction, InteractionBatch
+from evaluator.events import Impression, ImpressionBatch, Interaction, InteractionBatch
 from evaluator.finalise import Finalised, OpenRequest, PendingInteraction, UserContext
 from evaluator.stores.base import DueRequest, FloatArray, IngestCounts, PartitionProgress
 from evaluator.windows import AggregateLayout, expand_shards, shard_of
@@ -80,6 +80,8 @@ class MemoryStore:
                     ts,
                     list(event.items),
                     attributes=list((event.item_attributes or {}).get(self.attribute, [])),
+                    shadow_variant=_shadow(event)[0],
+                    shadow=_shadow(event)[1],
                 )
                 self._deadline[rid] = (deadline, shard)
                 self._user(event.user_id).open_requests[rid] = ts
@@ -160,6 +162,8 @@ class MemoryStore:
                         open_request.items,
                         interactions,
                         open_request.attributes,
+                        open_request.shadow_variant,
+                        open_request.shadow,
                     )
                 )
                 if open_request.user_id not in users:
@@ -279,3 +283,11 @@ class MemoryStore:
 
     def close(self) -> None:
         return None
+
+
+def _shadow(event: Impression) -> tuple[str, list[str]]:
+    """The shadow ranking kept with a request: the first by variant name, if any."""
+    if not event.shadow:
+        return "", []
+    variant = min(event.shadow)
+    return variant, list(event.shadow[variant])

@@ -30,7 +30,8 @@ from evaluator.windows import AggregateLayout, shard_of
 SEP = "\x1f"
 """Separates items, and the parts of a pending interaction."""
 FIELD = "\x1e"
-"""Separates the fields of a stored request: user, variant, time, items, attribute values."""
+"""Separates the fields of a stored request: user, variant, time, items, attribute values,
+shadow variant, shadow ranking."""
 MAX_LUA_VALUES = 7000
 """Redis' Lua unpacks at most ~8000 values at once; a block must stay below that."""
 
@@ -138,8 +139,18 @@ class RedisStore:
             impressions.events, impressions.timestamp_ms, deadlines_ms, imp_shards, strict=True
         ):
             attrs = (event.item_attributes or {}).get(self.attribute, [])
+            shadow_variant = min(event.shadow) if event.shadow else ""
+            shadow = event.shadow[shadow_variant] if event.shadow else []
             value = FIELD.join(
-                (event.user_id, event.variant, str(ts), SEP.join(event.items), SEP.join(attrs))
+                (
+                    event.user_id,
+                    event.variant,
+                    str(ts),
+                    SEP.join(event.items),
+                    SEP.join(attrs),
+                    shadow_variant,
+                    SEP.join(shadow),
+                )
             )
             per_shard[shard][0].append((event.request_id, event.user_id, ts, deadline, value))
         int_shards = shard_of([e.user_id for e in interactions.events], self.layout).tolist()
@@ -441,7 +452,7 @@ def _text(value: bytes | str | None) -> str:
 
 
 def _decode_request(rid: str, value: bytes, pending: list[bytes]) -> OpenRequest:
-    user, variant, ts, items, attrs = value.decode().split(FIELD)
+    user, variant, ts, items, attrs, shadow_variant, shadow = value.decode().split(FIELD)
     interactions = []
     for k in range(0, len(pending), 2):
         item, its, grade = pending[k + 1].decode().split(SEP)
@@ -455,6 +466,8 @@ def _decode_request(rid: str, value: bytes, pending: list[bytes]) -> OpenRequest
         items.split(SEP),
         interactions,
         attrs.split(SEP) if attrs else [],
+        shadow_variant,
+        shadow.split(SEP) if shadow else [],
     )
 
 
