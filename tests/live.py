@@ -45,7 +45,7 @@ class LiveEnv:
             "EVALUATOR_REDIS__URL": self.redis_url,
             "EVALUATOR_REDIS__KEY_PREFIX": self.name,
             "EVALUATOR_EVENT_TIME__IDLE_TIMEOUT": "2s",
-            "EVALUATOR_KAFKA__SESSION_TIMEOUT": "6s",
+            "EVALUATOR_KAFKA__SESSION_TIMEOUT": "10s",
         }
 
     def settings(self) -> Settings:
