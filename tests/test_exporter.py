@@ -30,16 +30,23 @@ def samples(registry: CollectorRegistry) -> dict[str, list]:
     return out
 
 
-@pytest.fixture(scope="module")
-def scraped(tmp_path_factory):
-    settings = load_settings(environ={})
+def live_run(events, settings=None, seed: int = 0):
+    """Feed events (plus a sentinel an hour later) through the pipeline on the embedded
+    store; returns the settings, the pipeline and the window collector."""
+    settings = settings or load_settings(environ={})
     store = MemoryStore(settings.layout())
     pipeline = Pipeline(store, settings, clock_ms=FakeClock())
-    events = generate(41, requests=400)
     events.impressions.append(sentinel(events, after_ms=3_600_000))
-    feed(pipeline, events, 41)
+    feed(pipeline, events, seed)
+    return settings, pipeline, WindowCollector(store, settings, pipeline.watermark)
+
+
+@pytest.fixture(scope="module")
+def scraped(tmp_path_factory):
+    events = generate(41, requests=400)
+    settings, pipeline, collector = live_run(events, seed=41)
     registry = CollectorRegistry()
-    registry.register(WindowCollector(store, settings, pipeline.watermark))
+    registry.register(collector)
     registry.register(PipelineCollector(pipeline.stats, watermark=pipeline.watermark))
     imp, inter = events.write(tmp_path_factory.mktemp("replay"))
     report = evaluate_files(imp, inter, settings, progress=False)
@@ -166,14 +173,10 @@ def test_diversity_equals_replay(scraped) -> None:
 
 
 def test_overlap_is_the_jaccard_of_top_k_item_sets(tmp_path) -> None:
-    settings = load_settings(environ={})
-    store = MemoryStore(settings.layout())
-    pipeline = Pipeline(store, settings, clock_ms=FakeClock())
     events = generate(43, requests=200)
-    events.impressions.append(sentinel(events, after_ms=3_600_000))
-    feed(pipeline, events, 43)
+    _, _, collector = live_run(events, seed=43)
     registry = CollectorRegistry()
-    registry.register(WindowCollector(store, settings, pipeline.watermark))
+    registry.register(collector)
     found = samples(registry)
     shown: dict[str, list[list[str]]] = {}
     seen: set[str] = set()
@@ -198,14 +201,9 @@ def test_overlap_is_the_jaccard_of_top_k_item_sets(tmp_path) -> None:
 
 
 def test_fast_exposition_equals_the_client_library(tmp_path) -> None:
-    settings = load_settings(environ={})
-    store = MemoryStore(settings.layout())
-    pipeline = Pipeline(store, settings, clock_ms=FakeClock())
     events = generate(44, requests=150)
-    events.impressions.append(sentinel(events, after_ms=3_600_000))
     events.impressions[0]["variant"] = 'quo"te\\back'  # label values are escaped
-    feed(pipeline, events, 44)
-    collector = WindowCollector(store, settings, pipeline.watermark)
+    _, _, collector = live_run(events, seed=44)
     registry = CollectorRegistry()
     registry.register(collector)
 
@@ -225,8 +223,6 @@ def test_rbo_with_shadow_rankings(tmp_path) -> None:
     from tests import reference
 
     settings = load_settings(environ={}, overrides={"ab": {"control": "A"}})
-    store = MemoryStore(settings.layout())
-    pipeline = Pipeline(store, settings, clock_ms=FakeClock())
     events = generate(45, requests=150)
     want: dict[str, list[float]] = {}
     seen: set[str] = set()
@@ -238,10 +234,9 @@ def test_rbo_with_shadow_rankings(tmp_path) -> None:
                 seen.add(e["request_id"])
                 rbo = reference.rbo_ext(e["items"], shadow, 0.9)
                 want.setdefault(e["variant"], []).append(rbo)
-    events.impressions.append(sentinel(events, after_ms=3_600_000))
-    feed(pipeline, events, 45)
+    _, _, collector = live_run(events, settings, seed=45)
     registry = CollectorRegistry()
-    registry.register(WindowCollector(store, settings, pipeline.watermark))
+    registry.register(collector)
     found = samples(registry)
     for variant, values in want.items():
         got = pick(found, "recsys_eval_ab_overlap", variant=variant, measure="rbo", window="24h")

@@ -159,22 +159,33 @@ def test_distinct_items_for_coverage(make_store) -> None:
     assert catalog == pytest.approx(4, abs=0.5)
 
 
-def test_attribute_values_round_trip(make_store) -> None:
-    store = make_store(SETTINGS.layout())
-    payload = json.dumps(
-        {
-            "event_id": "e",
-            "request_id": "r",
-            "user_id": "u",
-            "variant": "A",
-            "timestamp": 1_000,
-            "items": ["a", "b"],
-            "item_attributes": {"category": ["x", "y"]},
-        }
-    ).encode()
-    ingest(store, decode_impressions([payload])[0], interactions())
+def stored_request(store, **extra):
+    """Ingest one impression with extra fields and load it back as the store returns it."""
+    event = {
+        "event_id": "e",
+        "request_id": "r",
+        "user_id": "u",
+        "variant": "B",
+        "timestamp": 1_000,
+        "items": ["a", "b"],
+        **extra,
+    }
+    ingest(store, decode_impressions([json.dumps(event).encode()])[0], interactions())
     requests, _ = store.load(store.due(CONFIG.deadline(1_000), 10))
-    assert [r.attributes for r in requests] == [["x", "y"]]
+    assert len(requests) == 1
+    return requests[0]
+
+
+def test_attribute_values_round_trip(make_store) -> None:
+    request = stored_request(
+        make_store(SETTINGS.layout()), item_attributes={"category": ["x", "y"]}
+    )
+    assert request.attributes == ["x", "y"]
+
+
+def test_shadow_ranking_round_trips(make_store) -> None:
+    request = stored_request(make_store(SETTINGS.layout()), shadow={"A": ["b", "c"]})
+    assert (request.shadow_variant, request.shadow) == ("A", ["b", "c"])
 
 
 def test_blocks_reflect_every_commit_between_reads(make_store) -> None:
@@ -188,21 +199,3 @@ def test_blocks_reflect_every_commit_between_reads(make_store) -> None:
         totals.append(sum(float(b[..., 0].sum()) for b in blocks.values()))
     assert totals == [1.0, 2.0, 3.0]
     assert store.blocks(window, 10**14, 10**15) == {}
-
-
-def test_shadow_ranking_round_trips(make_store) -> None:
-    store = make_store(SETTINGS.layout())
-    payload = json.dumps(
-        {
-            "event_id": "e",
-            "request_id": "r",
-            "user_id": "u",
-            "variant": "B",
-            "timestamp": 1_000,
-            "items": ["a", "b"],
-            "shadow": {"A": ["b", "c"]},
-        }
-    ).encode()
-    ingest(store, decode_impressions([payload])[0], interactions())
-    requests, _ = store.load(store.due(CONFIG.deadline(1_000), 10))
-    assert [(r.shadow_variant, r.shadow) for r in requests] == [("A", ["b", "c"])]
