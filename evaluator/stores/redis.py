@@ -111,6 +111,8 @@ class RedisStore:
         self._versions: dict[tuple[int, int], int] = {}
         self._assembled: dict[int, dict[tuple[int, str], FloatArray]] = {}
         self._owners: dict[tuple[int, tuple[int, str]], set[int]] = {}
+        self._primed: dict[int, int] = {}
+        self._evicted_below: dict[tuple[int, int], int] = {}
 
     def tag(self, shard: int) -> str:
         return f"{{{self.prefix}:{shard}}}:"
@@ -346,35 +348,59 @@ class RedisStore:
         """Blocks of a window in a range; unchanged blocks come from a local cache.
 
         Every commit records the blocks it touched under a per-shard version
-        (``mod:<window>``), so only blocks written since the previous read are
-        fetched again: the result is always current, and reading is cheap once warm.
+        (``mod:<window>``). The first read (or one reaching further back) lists the
+        window's index; later reads fetch only blocks written since the previous
+        read. The result is always current, and reading is cheap once warm.
         """
-        lo = "-inf" if since_ms is None else since_ms
-        hi = "+inf" if until_ms is None else until_ms
+        lo = -(2**62) if since_ms is None else since_ms
+        hi = 2**62 if until_ms is None else until_ms
+        primed = self._primed.get(window_ms)
+        full = primed is None or lo < primed
         shards = range(self.layout.shards)
         pipe = self.client.pipeline(transaction=False)
         for shard in shards:
             tag = self.tag(shard)
-            pipe.zrangebyscore(f"{tag}bi:{window_ms}", lo, hi)
+            if full:
+                pipe.zrangebyscore(f"{tag}bi:{window_ms}", lo, "+inf")
             seen = self._versions.get((window_ms, shard), 0)
             pipe.zrangebyscore(f"{tag}mod:{window_ms}", f"({seen}", "+inf", withscores=True)
-        replies = pipe.execute()
+        replies = iter(pipe.execute())
         wanted: dict[int, list[str]] = {}
         for shard in shards:
-            names = [_text(n) for n in replies[2 * shard]]
-            changed = replies[2 * shard + 1]
-            cache = self._cache.setdefault((window_ms, shard), {})
-            for name in [n for n in cache if n not in names]:
+            listed = [_text(n) for n in next(replies)] if full else None
+            wanted[shard] = self._refresh(window_ms, shard, lo, listed, next(replies))
+        self._primed[window_ms] = lo
+        self._fetch(window_ms, wanted)
+        return self._assemble(window_ms, lo, hi)
+
+    def _refresh(
+        self,
+        window_ms: int,
+        shard: int,
+        lo: int,
+        listed: list[str] | None,
+        changed: list[tuple[bytes, float]],
+    ) -> list[str]:
+        """Update one shard's cache bookkeeping; returns the block names to fetch."""
+        cache = self._cache.setdefault((window_ms, shard), {})
+        fetch = [] if listed is None else [n for n in listed if n not in cache]
+        for raw, version in changed:
+            name = _text(raw)
+            if cache.pop(name, None) is not None:
+                self._place(window_ms, shard, name, None)
+            fetch.append(name)
+            key = (window_ms, shard)
+            self._versions[key] = max(self._versions.get(key, 0), int(version))
+        if listed is not None:  # a fresh listing: nothing below lo was fetched
+            self._evicted_below[(window_ms, shard)] = min(
+                lo, self._evicted_below.get((window_ms, shard), lo)
+            )
+        if lo > self._evicted_below.get((window_ms, shard), -(2**62)):
+            for name in [n for n in cache if _start(n) < lo]:
                 del cache[name]
                 self._place(window_ms, shard, name, None)
-            for name, version in changed:
-                if cache.pop(_text(name), None) is not None:
-                    self._place(window_ms, shard, _text(name), None)
-                key = (window_ms, shard)
-                self._versions[key] = max(self._versions.get(key, 0), int(version))
-            wanted[shard] = [n for n in names if n not in cache]
-        self._fetch(window_ms, wanted)
-        return self._assemble(window_ms)
+            self._evicted_below[(window_ms, shard)] = lo
+        return [n for n in dict.fromkeys(fetch) if _start(n) >= lo]
 
     def _fetch(self, window_ms: int, wanted: dict[int, list[str]]) -> None:
         pipe = self.client.pipeline(transaction=False)
@@ -409,9 +435,13 @@ class RedisStore:
         # user bucket = local * shards + shard
         assembled[key][:, shard :: layout.shards, :] = 0.0 if block is None else block
 
-    def _assemble(self, window_ms: int) -> dict[tuple[int, str], FloatArray]:
-        """The assembled buckets (shared with the cache: callers must not modify them)."""
-        return dict(self._assembled.get(window_ms, {}))
+    def _assemble(self, window_ms: int, lo: int, hi: int) -> dict[tuple[int, str], FloatArray]:
+        """Assembled buckets starting in [lo, hi] (shared with the cache: read only)."""
+        return {
+            key: block
+            for key, block in self._assembled.get(window_ms, {}).items()
+            if lo <= key[0] <= hi
+        }
 
     def record_progress(self, progress: Mapping[str, PartitionProgress]) -> None:
         args: list[Any] = []
@@ -443,6 +473,11 @@ class RedisStore:
 
     def close(self) -> None:
         self.client.close()
+
+
+def _start(name: str) -> int:
+    """Bucket start of a block name ``<window>:<start>:<variant>``."""
+    return int(name.split(":", 2)[1])
 
 
 def _text(value: bytes | str | None) -> str:
