@@ -15,6 +15,7 @@ import argparse
 import os
 import statistics
 import time
+import urllib.request
 import uuid
 from collections import Counter
 
@@ -23,6 +24,7 @@ from _common import machine
 from prometheus_client import CollectorRegistry, generate_latest
 
 from evaluator.config import load_settings
+from evaluator.exporters.http import CachedExposition, serve
 from evaluator.exporters.prometheus import WindowCollector
 from evaluator.finalise import Finalised, OpenRequest
 from evaluator.stores.redis import RedisStore, connect
@@ -116,6 +118,30 @@ def main() -> None:
         )
         seconds, text = timed(registry, collector)
         steady.append(seconds)
+    # what `evaluator run` does by default: refresh in the background, serve the copy
+    cached = CachedExposition(lambda: generate_latest(registry) + collector.exposition(), 1.0)
+    server = serve(
+        registry, "127.0.0.1", 0, alive=lambda: True, ready=lambda: (True, ""), extra=cached.get
+    )
+    url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    http, refresh = [], []
+    for i in range(args.repeats):
+        commit_batch(
+            store,
+            rng,
+            2 * 10**7 + i * 500,
+            500,
+            variants=10,
+            lo_ms=frontier - 60_000,
+            hi_ms=frontier,
+        )
+        start = time.perf_counter()
+        with urllib.request.urlopen(url) as reply:
+            reply.read()
+        http.append(time.perf_counter() - start)
+        refresh.append(cached.last_seconds)
+    cached.close()
+    server.shutdown()
     series = sum(1 for line in text.decode().splitlines() if line and not line.startswith("#"))
     print(f"machine: {machine()}")
     print(
@@ -125,6 +151,10 @@ def main() -> None:
     print(f"  first scrape (cold caches)            : {cold * 1000:7.1f} ms")
     print(f"  scrape, nothing new since the last one: {statistics.median(warm) * 1000:7.1f} ms")
     print(f"  scrape after 500 new requests         : {statistics.median(steady) * 1000:7.1f} ms")
+    print(
+        f"  GET /metrics, background refresh (1 s): {statistics.median(http) * 1000:7.1f} ms "
+        f"(one refresh takes {statistics.median(refresh) * 1000:.1f} ms on its thread)"
+    )
 
 
 if __name__ == "__main__":

@@ -241,10 +241,13 @@ class HttpSettings(msgspec.Struct, forbid_unknown_fields=True):
     host: str = "0.0.0.0"
     port: int = 9108
     """/metrics, /healthz and /readyz; 0 disables the server."""
+    refresh_interval: str | int = "5s"
+    """Window metrics are recomputed in the background this often; 0: at every scrape."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
+        _duration("refresh_interval", self.refresh_interval)
 
 
 class Settings(msgspec.Struct, forbid_unknown_fields=True):

@@ -246,3 +246,26 @@ def test_rbo_with_shadow_rankings(tmp_path) -> None:
         for s in found["recsys_eval_ab_overlap"]
         if s.labels["variant"] == "A" and s.labels["measure"] == "rbo"
     ]
+
+
+def test_cached_exposition_refreshes_in_the_background() -> None:
+    import threading
+
+    from evaluator.exporters.http import CachedExposition
+
+    calls: list[int] = []
+    refreshed = threading.Event()
+
+    def compute() -> bytes:
+        calls.append(1)
+        if len(calls) >= 2:
+            refreshed.set()
+        return f"recsys_eval_x {len(calls)}\n".encode()
+
+    cached = CachedExposition(compute, interval_s=0.05)
+    try:
+        assert cached.get() == b"recsys_eval_x 1\n"  # first read computes synchronously
+        assert refreshed.wait(timeout=10)
+        assert cached.get() != b"recsys_eval_x 1\n"
+    finally:
+        cached.close()

@@ -11,7 +11,7 @@ from types import FrameType
 from prometheus_client import CollectorRegistry
 
 from evaluator.config import Settings
-from evaluator.exporters.http import serve
+from evaluator.exporters.http import CachedExposition, serve
 from evaluator.exporters.prometheus import PipelineCollector, WindowCollector
 from evaluator.pipeline import PartitionBatch, Pipeline, wall_clock_ms
 from evaluator.sources.kafka import KafkaSource
@@ -101,13 +101,15 @@ def _serve_metrics(
         PipelineCollector(pipeline.stats, lambda: health.lag, pipeline.watermark, wall_clock_ms)
     )
     windows = WindowCollector(store, settings, pipeline.watermark)
+    refresh_s = parse_duration_ms(settings.http.refresh_interval) / 1000.0
+    exposition = CachedExposition(windows.exposition, refresh_s).get if refresh_s else None
     server = serve(
         registry,
         settings.http.host,
         settings.http.port,
         alive=health.alive,
         ready=health.ready,
-        extra=windows.exposition,
+        extra=exposition or windows.exposition,
     )
     log.info("serving /metrics, /healthz, /readyz on %s:%d", *server.server_address[:2])
 

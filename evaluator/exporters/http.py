@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+log = logging.getLogger(__name__)
 
 
 def serve(
@@ -50,3 +54,45 @@ def serve(
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     return server
+
+
+class CachedExposition:
+    """Exposition text recomputed on a background thread every ``interval_s`` seconds.
+
+    Reading the window metrics costs tens of milliseconds (Redis reads, A/B
+    statistics); serving a copy at most ``interval_s`` old keeps ``/metrics``
+    fast however often it is scraped. The first call computes synchronously.
+    """
+
+    def __init__(self, compute: Callable[[], bytes], interval_s: float) -> None:
+        self.compute = compute
+        self.interval_s = interval_s
+        self.last_seconds = 0.0
+        """How long the latest refresh took (exported by the caller if wanted)."""
+        self._text: bytes | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        threading.Thread(target=self._loop, name="metrics-refresh", daemon=True).start()
+
+    def _refresh(self) -> bytes:
+        started = time.perf_counter()
+        text = self.compute()
+        self.last_seconds = time.perf_counter() - started
+        with self._lock:
+            self._text = text
+        return text
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self._refresh()
+            except Exception:  # a failed refresh keeps serving the previous text
+                log.exception("refreshing window metrics failed")
+
+    def get(self) -> bytes:
+        with self._lock:
+            text = self._text
+        return text if text is not None else self._refresh()
+
+    def close(self) -> None:
+        self._stop.set()
