@@ -46,6 +46,7 @@ class LiveEnv:
             "EVALUATOR_REDIS__KEY_PREFIX": self.name,
             "EVALUATOR_EVENT_TIME__IDLE_TIMEOUT": "2s",
             "EVALUATOR_KAFKA__SESSION_TIMEOUT": "10s",
+            "EVALUATOR_HTTP__REFRESH_INTERVAL": "1s",
         }
 
     def settings(self) -> Settings:
