@@ -216,6 +216,15 @@ class WindowSettings(msgspec.Struct, forbid_unknown_fields=True):
         return sorted({_duration("sizes", s) for s in self.sizes})
 
 
+class ExperimentSettings(msgspec.Struct, forbid_unknown_fields=True):
+    control: str = ""
+    """Control variant of this experiment; empty: its alphabetically first variant."""
+    variants: list[str] = msgspec.field(default_factory=list)
+    """The experiment's variants; empty: every variant."""
+    split: dict[str, float] = msgspec.field(default_factory=dict)
+    """Expected traffic share per variant for the SRM test; empty: equal split."""
+
+
 class ABSettings(msgspec.Struct, forbid_unknown_fields=True):
     control: str = ""
     """The control variant; empty: the alphabetically first variant seen."""
@@ -227,6 +236,9 @@ class ABSettings(msgspec.Struct, forbid_unknown_fields=True):
     """Allow-list of variants exported as labels; others are folded into ``other``."""
     split: dict[str, float] = msgspec.field(default_factory=dict)
     """Expected traffic share per variant for the SRM test; empty: equal split."""
+    experiments: dict[str, ExperimentSettings] = msgspec.field(default_factory=dict)
+    """Named experiments, each with its own control and split; empty: one experiment
+    ``default`` over all variants with ``control`` and ``split`` above."""
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha < 1:

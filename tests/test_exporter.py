@@ -269,3 +269,28 @@ def test_cached_exposition_refreshes_in_the_background() -> None:
         assert cached.get() != b"recsys_eval_x 1\n"
     finally:
         cached.close()
+
+
+def test_experiments_have_their_own_control_and_srm() -> None:
+    settings = load_settings(
+        environ={},
+        overrides={
+            "ab": {
+                "experiments": {
+                    "e1": {"control": "B", "variants": ["A", "B"]},
+                    "e2": {"control": "A", "variants": ["A", "C"], "split": {"A": 1, "C": 1}},
+                }
+            }
+        },
+    )
+    events = generate(46, requests=200)
+    _, _, collector = live_run(events, settings, seed=46)
+    registry = CollectorRegistry()
+    registry.register(collector)
+    found = samples(registry)
+    pairs = {
+        (s.labels["experiment"], s.labels["variant"], s.labels["control"])
+        for s in found["recsys_eval_ab_ndcg_diff"]
+    }
+    assert pairs == {("e1", "A", "B"), ("e2", "C", "A")}
+    assert {s.labels["experiment"] for s in found["recsys_eval_srm_p_value"]} == {"e1", "e2"}

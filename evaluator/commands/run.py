@@ -77,6 +77,8 @@ class _Health:
         self.beat = time.monotonic()
         self.assigned: list[str] = []
         self.lag: dict[str, int] = {}
+        self.kafka_error = ""
+        """Why the last broker round trip (end offsets, every 5 s) failed; empty if it worked."""
 
     def alive(self) -> bool:
         return time.monotonic() - self.beat < self.stall_after_s
@@ -86,6 +88,8 @@ class _Health:
             self.store.ping()
         except Exception as exc:  # readiness reports any Redis failure
             return False, f"redis unreachable: {exc}"
+        if self.kafka_error:
+            return False, f"kafka unreachable: {self.kafka_error}"
         if not self.assigned:
             return False, "no Kafka partitions assigned"
         return True, f"ready: {len(self.assigned)} partitions"
@@ -151,7 +155,10 @@ def run(settings: Settings, stop: threading.Event | None = None) -> int:
                     log.error("finalisation failed, will retry: %s", exc)
                     stop.wait(0.5)
             if time.monotonic() >= next_lag:
-                health.lag = source.lag()
+                try:
+                    health.lag, health.kafka_error = source.lag(), ""
+                except Exception as exc:  # reported by /readyz; polling retries by itself
+                    health.kafka_error = str(exc) or type(exc).__name__
                 next_lag = time.monotonic() + 5.0
     finally:
         source.close()

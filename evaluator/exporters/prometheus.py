@@ -26,7 +26,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from evaluator.config import Settings
+from evaluator.config import ExperimentSettings, Settings
 from evaluator.pipeline import PipelineStats
 from evaluator.stats import (
     SequentialTracker,
@@ -109,7 +109,7 @@ def _families() -> _Families:
             "Overlap with the control: Jaccard@K of the recommended item sets in the window "
             '(measure="jaccard"), or mean rank-biased overlap with shadow rankings '
             '(measure="rbo", k="all").',
-            ["variant", "control", "k", "window", "measure"],
+            ["experiment", "variant", "control", "k", "window", "measure"],
         ),
         "recsys_eval_diversity": (
             "Mean intra-list diversity@K of lists with the attribute, in the window.",
@@ -125,7 +125,7 @@ def _families() -> _Families:
             ["experiment", "window"],
         ),
     }
-    ab = ["variant", "control", "k", "window", "adjusted"]
+    ab = ["experiment", "variant", "control", "k", "window", "adjusted"]
     for suffix, text in (
         ("", "Variant minus control, mean nDCG@K."),
         ("_lower", "Lower always-valid 95% bound of the difference."),
@@ -142,6 +142,16 @@ def _families() -> _Families:
         {n: lab for n, (_, lab) in spec.items()},
         {n: [] for n in spec},
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Experiment:
+    """Variants compared with one control, and their expected traffic split."""
+
+    name: str
+    variants: list[str]
+    control: str
+    split: dict[str, float]
 
 
 class WindowCollector(Collector):
@@ -214,15 +224,17 @@ class WindowCollector(Collector):
                     coverage.get((variant, k), math.nan),
                 )
             self._variant(fam, variant, block, label, coverage)
-        if len(totals) >= 2:
-            self._ab(fam, totals, label)
-            self._overlap(fam, window, starts, counts, label)
-            requests = [float(b[..., 0].sum()) for b in totals.values()]
-            weights = [ab.split.get(v, 0.0) for v in totals] if ab.split else None
+        for experiment in self._experiments([v for v in totals if v != OTHER]):
+            members = {v: totals[v] for v in experiment.variants}
+            self._ab(fam, members, label, experiment)
+            self._overlap(fam, window, starts, counts, label, experiment=experiment)
+            requests = [float(b[..., 0].sum()) for b in members.values()]
+            split = experiment.split
+            weights = np.asarray([split.get(v, 0.0) for v in members]) if split else None
             fam.add(
                 "recsys_eval_srm_p_value",
-                {"experiment": "default", "window": label},
-                srm_p_value(np.asarray(requests), None if weights is None else np.asarray(weights)),
+                {"experiment": experiment.name, "window": label},
+                srm_p_value(np.asarray(requests), weights),
             )
 
     def _cached(self, key: tuple[int, str], compute: Callable[[], Any]) -> Any:
@@ -255,13 +267,12 @@ class WindowCollector(Collector):
         starts: list[int],
         counts: dict[tuple[str, int], float],
         label: str,
+        *,
+        experiment: Experiment,
     ) -> None:
         """Jaccard@K between each variant's and the control's item sets (sketch-based:
         |A ∩ B| = |A| + |B| − |A ∪ B|)."""
-        variants = sorted({v for v, _ in counts})
-        control = self._control(variants)
-        if control is None:
-            return
+        variants, control = experiment.variants, experiment.control
         groups = [(v, control, k) for v in variants if v != control for k in self.layout.ks]
         unions = self._cached(
             (window, "unions:" + ",".join(variants)),
@@ -272,6 +283,7 @@ class WindowCollector(Collector):
             fam.add(
                 "recsys_eval_ab_overlap",
                 {
+                    "experiment": experiment.name,
                     "variant": variant,
                     "control": control,
                     "k": str(k),
@@ -281,11 +293,19 @@ class WindowCollector(Collector):
                 max(0.0, both) / union if union else math.nan,
             )
 
-    def _control(self, variants: list[str]) -> str | None:
-        if not variants:
-            return None
-        control = self.settings.ab.control
-        return control if control in variants else sorted(variants)[0]
+    def _experiments(self, variants: list[str]) -> list[Experiment]:
+        """Configured experiments (or one ``default`` over every variant) with 2+ variants."""
+        ab = self.settings.ab
+        specs = ab.experiments or {
+            "default": ExperimentSettings(control=ab.control, variants=[], split=ab.split)
+        }
+        out = []
+        for name, spec in specs.items():
+            members = [v for v in variants if not spec.variants or v in spec.variants]
+            if len(members) >= 2:
+                control = spec.control if spec.control in members else sorted(members)[0]
+                out.append(Experiment(name, members, control, spec.split))
+        return out
 
     def _bucket_starts(self, window: int, frontier: int) -> list[int]:
         width = self.layout.bucket_width(window)
@@ -333,6 +353,7 @@ class WindowCollector(Collector):
         with_shadow = float(block[..., has_rbo].sum())
         if with_shadow:
             labels = {
+                "experiment": "shadow",
                 "variant": variant,
                 "control": self.settings.ab.control or "shadow",
                 "k": "all",
@@ -360,9 +381,11 @@ class WindowCollector(Collector):
                 composite = math.nan
         fam.add("recsys_eval_composite_score", {"variant": variant, "window": window}, composite)
 
-    def _ab(self, fam: _Families, totals: dict[str, FloatArray], window: str) -> None:
+    def _ab(
+        self, fam: _Families, totals: dict[str, FloatArray], window: str, experiment: Experiment
+    ) -> None:
         ab = self.settings.ab
-        control = ab.control if ab.control in totals else sorted(totals)[0]
+        control = experiment.control
         for k in self.layout.ks:
             for adjusted, metric in (("false", "ndcg"), ("true", "ndcg_adjusted")):
                 col = self.col[(metric, k)]
@@ -374,6 +397,7 @@ class WindowCollector(Collector):
                     per = block.sum(axis=0)
                     v_est = ratio_estimate(per[:, col], per[:, 0])
                     labels = {
+                        "experiment": experiment.name,
                         "variant": variant,
                         "control": control,
                         "k": str(k),
