@@ -21,6 +21,8 @@ from evaluator.timeutil import parse_duration_ms
 log = logging.getLogger("evaluator.run")
 
 MAX_BACKOFF_S = 30.0
+ASSIGNMENT_TIMEOUT_S = 30.0
+"""Rejoin the group when a rebalance produced no assignment for this long (a stall)."""
 
 
 def build_store(settings: Settings) -> RedisStore:
@@ -142,6 +144,14 @@ def run(settings: Settings, stop: threading.Event | None = None) -> int:
     try:
         while not stop.is_set():
             health.beat = time.monotonic()
+            waiting = source.awaiting_since
+            if waiting is not None and health.beat - waiting > ASSIGNMENT_TIMEOUT_S:
+                log.warning(
+                    "rebalance without an assignment for %.0fs: rejoining the group",
+                    ASSIGNMENT_TIMEOUT_S,
+                )
+                source.subscribe()
+                source.awaiting_since = health.beat
             batches = source.poll()
             if batches:
                 if not _process_with_retry(pipeline, source, batches, stop):

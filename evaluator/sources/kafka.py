@@ -8,6 +8,7 @@ has made a polled batch durable, so a crash re-delivers, never loses.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,10 +38,12 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         self.source = source
 
     def on_partitions_revoked(self, revoked: Sequence[TopicPartition]) -> None:
+        self.source.awaiting_since = time.monotonic()
         log.info("partitions revoked: %s", sorted(self.source.name(tp) for tp in revoked))
 
     def on_partitions_assigned(self, assigned: Sequence[TopicPartition]) -> None:
         names = sorted(self.source.name(tp) for tp in assigned)
+        self.source.awaiting_since = None
         log.info("partitions assigned: %s", names)
         self.source.on_assign(names)
 
@@ -72,8 +75,31 @@ class KafkaSource:
             heartbeat_interval_ms=max(1000, parse_duration_ms(settings.session_timeout) // 10),
             **_security(settings),
         )
-        self.consumer.subscribe(list(self.kinds), listener=_Listener(self))
+        self.awaiting_since: float | None = time.monotonic()
+        """When the group started (re)balancing without an assignment yet; None when settled."""
+        self._await_metadata(timeout_s=30.0)
+        self.subscribe()
         self._producer: KafkaProducer | None = None
+
+    def _await_metadata(self, timeout_s: float) -> None:
+        """Wait until the broker knows both topics.
+
+        Joining the group before that gives an empty first assignment, and the
+        rejoin that follows has been seen to stall in kafka-python.
+        """
+        deadline = time.monotonic() + timeout_s
+        missing = list(self.kinds)
+        while missing and time.monotonic() < deadline:
+            missing = [t for t in missing if not self.consumer.partitions_for_topic(t)]
+            if missing:
+                time.sleep(0.2)
+        if missing:
+            log.warning("no metadata yet for %s; subscribing anyway", ", ".join(missing))
+
+    def subscribe(self) -> None:
+        """(Re)subscribe to both topics, e.g. when no partitions arrived in time."""
+        self.consumer.unsubscribe()
+        self.consumer.subscribe(list(self.kinds), listener=_Listener(self))
 
     def name(self, tp: TopicPartition) -> str:
         return f"{self.kinds.get(tp.topic, tp.topic)}:{tp.partition}"
