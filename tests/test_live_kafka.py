@@ -137,9 +137,15 @@ def test_live_run_equals_replay_and_dead_letters_bad_events(
         base = f"http://127.0.0.1:{port}"
         with urllib.request.urlopen(base + "/readyz") as reply:
             assert reply.status == 200
-        with urllib.request.urlopen(base + "/metrics") as reply:
-            text = reply.read().decode()
-        assert "recsys_eval_ndcg{" in text and 'window="24h"' in text
+
+        def metrics() -> str:
+            with urllib.request.urlopen(base + "/metrics") as reply:
+                return reply.read().decode()
+
+        # window metrics are refreshed in the background (every second in these tests)
+        wait_until(lambda: 'window="24h"' in metrics(), 30, "/metrics shows the windows", [proc])
+        text = metrics()
+        assert "recsys_eval_ndcg{" in text
         assert "recsys_eval_invalid_events_total" in text
 
     finish(env, events, late, [proc], tmp_path, before_stop=scrape)
