@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from evaluator.cohort import cohort_codes
+from evaluator.cohort import cohort_codes, earlier_counts
 from evaluator.join import JoinOutcome, JoinRules, join_by_request, join_by_user
 from evaluator.metrics.overlap import rbo
 from evaluator.metrics.setlevel import encode_top, intra_list_diversity
@@ -113,6 +113,19 @@ def _attributed(
     return out
 
 
+def _earlier_relevant(requests: list[OpenRequest], users: dict[str, UserContext], cap: int) -> I64:
+    """Relevant interactions of each request's user before its impression (the same
+    vectorised count ``evaluator replay`` uses)."""
+    codes = {user: i for i, user in enumerate(users)}
+    history_user = np.fromiter(
+        (codes[u] for u, ctx in users.items() for _ in ctx.history_ms), dtype=np.int64
+    )
+    history_ms = np.fromiter((t for ctx in users.values() for t in ctx.history_ms), dtype=np.int64)
+    request_user = np.array([codes.get(r.user_id, len(codes)) for r in requests], dtype=np.int64)
+    request_ms = np.array([r.timestamp_ms for r in requests], dtype=np.int64)
+    return earlier_counts(history_user, history_ms, request_user, request_ms, cap)
+
+
 @dataclass(frozen=True, slots=True)
 class FinaliseConfig:
     """Everything finalisation needs, as plain values."""
@@ -147,14 +160,7 @@ def finalise(
         arr[:, 2],
         config.scoring,
     )
-    earlier = np.fromiter(
-        (
-            sum(1 for t in users.get(r.user_id, UserContext()).history_ms if t < r.timestamp_ms)
-            for r in requests
-        ),
-        dtype=np.int64,
-        count=len(requests),
-    )
+    earlier = _earlier_relevant(requests, users, config.min_relevant_history)
     cohort = cohort_codes(earlier, config.min_relevant_history) - 1
     deadlines = np.fromiter(
         (config.deadline(r.timestamp_ms) for r in requests),

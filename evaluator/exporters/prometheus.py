@@ -1,4 +1,4 @@
-"""Prometheus export: window metrics read from the state store at scrape time, plus
+"""Prometheus export: window metrics read from the state store (when collected), plus
 process counters.
 
 Window metrics come from the shared store, so every instance reports the same
