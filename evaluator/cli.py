@@ -31,6 +31,10 @@ def _replay_overrides(args: argparse.Namespace) -> dict[str, Any]:
         tree.setdefault("join", {})["attribution_window"] = args.attribution_window
     if args.propensity:
         tree.setdefault("propensity", {})["model"] = args.propensity
+        if args.propensity == "estimated" and not args.estimator:
+            tree["propensity"].setdefault("estimator", "em")
+    if args.estimator:
+        tree.setdefault("propensity", {})["estimator"] = args.estimator
     return tree
 
 
@@ -42,7 +46,9 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         if not path.is_file():
             raise UsageError(f"no such file: {path}")
     progress = False if args.no_progress else None
-    report = evaluate_files(args.impressions, args.interactions, settings, progress)
+    report = evaluate_files(
+        args.impressions, args.interactions, settings, progress, args.estimate_propensity
+    )
     print_report(report, args.output)
     return 0
 
@@ -60,6 +66,84 @@ def _cmd_run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     install_signal_handlers(stop)
     return run(settings, stop)
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    import threading
+
+    from evaluator.commands.run import install_signal_handlers
+    from evaluator.commands.simulate import FileSink, config_from_args, simulate, write_truth
+
+    settings = load_settings(args.config)
+    options = {
+        "eta": args.eta,
+        "mode": args.mode,
+        "users": args.users,
+        "items": args.items,
+        "randomized_fraction": args.randomized_fraction,
+        "randomization": args.randomization,
+        "late_fraction": args.late_fraction,
+        "duplicate_fraction": args.duplicate_fraction,
+        "malformed_fraction": args.malformed_fraction,
+        "out_of_order_fraction": args.out_of_order_fraction,
+    }
+    try:
+        config = config_from_args(settings, args.seed, args.variant, options, args.start_ms)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.out_dir is None and not args.kafka:
+        raise UsageError("name a destination: --out-dir DIR or --kafka")
+    stop = threading.Event()
+    install_signal_handlers(stop)
+    if args.kafka:
+        import time
+
+        from evaluator.sources.kafka import KafkaSink
+
+        if args.start_ms is None:
+            config = config_from_args(
+                settings, args.seed, args.variant, options, time.time_ns() // 1_000_000
+            )
+        sink: Any = KafkaSink(settings.kafka)
+    else:
+        sink = FileSink(args.out_dir)
+    progress = False if args.no_progress else None
+    simulator = simulate(config, sink, args.requests, rate=args.rate, stop=stop, progress=progress)
+    truth_path = args.truth or (args.out_dir / "truth.json" if args.out_dir else None)
+    write_truth(simulator, truth_path)
+    if truth_path is not None:
+        print(f"ground truth: {truth_path}", file=sys.stderr)
+    return 0
+
+
+def _add_simulate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "simulate",
+        parents=[_config_option()],
+        help="generate traffic with a known ground truth (to files or Kafka)",
+        description="Users, items and variants with latent relevance; clicks from a "
+        "position-based model; prints the expected nDCG and true propensities at the end.",
+    )
+    p.add_argument("--out-dir", type=Path, help="write impressions.jsonl, interactions.jsonl")
+    p.add_argument("--kafka", action="store_true", help="produce to the configured Kafka topics")
+    p.add_argument("--requests", type=int, help="requests to generate (default: until stopped)")
+    p.add_argument("--rate", type=float, default=0.0, help="events/s cap (default: unlimited)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--variant", action="append", help="NAME:NOISE (repeatable); lower ranks better")
+    p.add_argument("--eta", type=float, help="examination propensity k**-eta (default 1.0)")
+    p.add_argument("--mode", choices=["ecommerce", "video"])
+    p.add_argument("--users", type=int)
+    p.add_argument("--items", type=int)
+    p.add_argument("--randomized-fraction", type=float)
+    p.add_argument("--randomization", choices=["topn", "swap"])
+    p.add_argument("--late-fraction", type=float)
+    p.add_argument("--out-of-order-fraction", type=float)
+    p.add_argument("--duplicate-fraction", type=float)
+    p.add_argument("--malformed-fraction", type=float)
+    p.add_argument("--start-ms", type=int, help="first event time (default: 2026-01-01 / now)")
+    p.add_argument("--truth", type=Path, help="ground-truth JSON path (default: stdout/out-dir)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_cmd_simulate)
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:
@@ -106,7 +190,13 @@ def _add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     p.add_argument("--relevance", help="relevance profile (default ecommerce)")
     p.add_argument("--attribution-window", help="e.g. 30m (default), 1h, 90s")
-    p.add_argument("--propensity", help="none (default), power(ETA) or table:T1,T2,...")
+    p.add_argument("--propensity", help="none (default), power(ETA), table:T1,T2,... or estimated")
+    p.add_argument("--estimator", choices=["randomized", "harvesting", "em"])
+    p.add_argument(
+        "--estimate-propensity",
+        action="store_true",
+        help="estimate position propensities from the file and print the curves",
+    )
     p.add_argument(
         "--zero-relevance",
         choices=["count", "skip"],
@@ -125,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", type=Path, help="evaluator.toml (default: built-in defaults)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_replay(sub)
+    _add_simulate(sub)
     run = sub.add_parser(
         "run",
         parents=[_config_option()],

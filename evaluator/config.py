@@ -20,7 +20,8 @@ import msgspec
 from evaluator.finalise import FinaliseConfig
 from evaluator.join import JoinRules
 from evaluator.metrics.ndcg import GainKind
-from evaluator.propensity import PropensityModel, parse_propensity
+from evaluator.propensity import NoBias, PositionTable, PropensityModel, parse_propensity
+from evaluator.propensity_estimation import Estimator
 from evaluator.relevance import BUILTIN_PROFILES, ProfileKind, RelevanceProfile
 from evaluator.scoring import ScoringConfig
 from evaluator.timeutil import parse_duration_ms
@@ -116,15 +117,48 @@ class MetricsSettings(msgspec.Struct, forbid_unknown_fields=True):
 
 class PropensitySettings(msgspec.Struct, forbid_unknown_fields=True):
     model: str | list[float] = "none"
-    """``none``, ``power(ETA)`` or a list of per-position propensities."""
+    """``none``, ``power(ETA)``, a list of per-position propensities, or ``estimated``
+    (the curve of ``estimator``, fixed per window bucket)."""
     clip: float = 0.05
+    estimator: Literal["none", "randomized", "harvesting", "em"] = "none"
+    """Estimate propensities from the stream with this estimator (all three are
+    computed and exported once it is not ``none``); ``estimated`` needs one."""
+    positions: int = 10
+    """Positions whose propensity is estimated."""
+    min_clicks: int = 30
+    """Below this many clicks a position falls back to the fitted power law."""
 
     def __post_init__(self) -> None:
-        self.build()
         if not 0 < self.clip <= 1:
             raise ValueError(f"clip must be in (0, 1], got {self.clip}")
+        if not 2 <= self.positions <= 100:
+            raise ValueError("positions must be in 2..100")
+        if self.min_clicks < 1:
+            raise ValueError("min_clicks must be >= 1")
+        if self.estimated and self.estimator == "none":
+            raise ValueError(
+                "model = 'estimated' needs estimator = 'randomized', 'harvesting' or 'em'"
+            )
+        self.build()
 
-    def build(self) -> PropensityModel:
+    @property
+    def estimated(self) -> bool:
+        return isinstance(self.model, str) and self.model.strip().lower() == "estimated"
+
+    @property
+    def estimator_name(self) -> Estimator:
+        """The estimator as a core type (``em`` when none is set)."""
+        return "em" if self.estimator == "none" else self.estimator
+
+    @property
+    def collect(self) -> bool:
+        """Whether finalised requests feed the estimators' counters."""
+        return self.estimator != "none"
+
+    def build(self, curve: tuple[float, ...] | None = None) -> PropensityModel:
+        """The configured model; for ``estimated``, the given curve (none yet: no bias)."""
+        if self.estimated:
+            return PositionTable(curve) if curve else NoBias()
         return parse_propensity(self.model)
 
 
@@ -294,20 +328,21 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
             shards=self.redis.shards,
         )
 
-    def finalise_config(self) -> FinaliseConfig:
+    def finalise_config(self, curve: tuple[float, ...] | None = None) -> FinaliseConfig:
         return FinaliseConfig(
             rules=self.join.rules(),
-            scoring=self.scoring(),
+            scoring=self.scoring(curve),
+            propensity_positions=self.propensity.positions if self.propensity.collect else 0,
             layout=self.layout(),
             min_relevant_history=self.cold_start.min_relevant_history,
             allowed_lateness_ms=self.event_time.ms("allowed_lateness"),
         )
 
-    def scoring(self) -> ScoringConfig:
+    def scoring(self, curve: tuple[float, ...] | None = None) -> ScoringConfig:
         return ScoringConfig(
             ks=tuple(self.metrics.k),
             gain=self.metrics.gain,
-            propensity=self.propensity.build(),
+            propensity=self.propensity.build(curve),
             propensity_clip=self.propensity.clip,
         )
 

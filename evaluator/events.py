@@ -13,7 +13,7 @@ import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Annotated, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 import msgspec
 import numpy as np
@@ -26,6 +26,22 @@ Timestamp = int | Annotated[datetime, msgspec.Meta(tz=True)]
 """Epoch milliseconds, or an RFC 3339 string with a timezone."""
 
 NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class Randomization(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How the serving system randomised this list, for propensity estimation.
+
+    ``swap``: the items at position 1 and position ``k`` were exchanged.
+    ``topn``: the top ``n`` items were shuffled uniformly at random.
+    """
+
+    type: Literal["swap", "topn"]
+    k: int = 0
+    n: int = 0
+
+    def key(self) -> tuple[str, int]:
+        """``("swap", k)`` or ``("topn", n)``."""
+        return (self.type, self.k if self.type == "swap" else self.n)
 
 
 class Impression(msgspec.Struct, frozen=True):
@@ -44,6 +60,10 @@ class Impression(msgspec.Struct, frozen=True):
     shadow: dict[str, list[str]] | None = None
     """Rankings other variants would have shown for this request, by variant, e.g.
     ``{"control": [...]}``; used for rank-biased overlap between variants."""
+    context: str | None = None
+    """Comparable-request key (query, page or user segment): the propensity estimators
+    assume an item shown in the same context has the same relevance at every position."""
+    randomization: Randomization | None = None
 
 
 class Interaction(msgspec.Struct, frozen=True):
@@ -133,6 +153,15 @@ def check_impression(event: Impression, max_list_length: int) -> tuple[InvalidRe
         )
     if len(set(items)) != len(items):
         return InvalidReason.DUPLICATE_ITEM, "an item appears twice in items"
+    rnd = event.randomization
+    if rnd is not None:
+        span = rnd.k if rnd.type == "swap" else rnd.n
+        if not 2 <= span <= len(items):
+            field_name = "k" if rnd.type == "swap" else "n"
+            return (
+                InvalidReason.INVALID_FIELD,
+                f"randomization.{field_name} = {span} is not in 2..{len(items)}",
+            )
     if event.item_attributes:
         for name, values in event.item_attributes.items():
             if len(values) != len(items):

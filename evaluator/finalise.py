@@ -20,6 +20,7 @@ from evaluator.cohort import cohort_codes, earlier_counts
 from evaluator.join import JoinOutcome, JoinRules, join_by_request, join_by_user
 from evaluator.metrics.overlap import rbo
 from evaluator.metrics.setlevel import encode_top, intra_list_diversity
+from evaluator.propensity_estimation import Observation
 from evaluator.scoring import ScoringConfig, score_sparse
 from evaluator.windows import AggregateLayout, contribution_rows, user_buckets
 
@@ -51,6 +52,9 @@ class OpenRequest:
     shadow_variant: str = ""
     shadow: list[str] = field(default_factory=list)
     """The ranking ``shadow_variant`` would have shown (empty: none)."""
+    context: str = ""
+    randomization: tuple[str, int] | None = None
+    """``("topn", n)`` or ``("swap", k)`` when the list was randomised."""
 
 
 @dataclass(slots=True)
@@ -78,6 +82,9 @@ class Finalised:
     user_bucket: I64
     deadline_ms: I64
     outcomes: Counter[str]
+    observations: list[Observation] = field(default_factory=list)
+    """Per request, what the propensity estimators count (empty when not collecting)."""
+    propensity_positions: int = 0
 
 
 def deadline_ms(impression_ms: int, rules: JoinRules, allowed_lateness_ms: int) -> int:
@@ -136,6 +143,8 @@ class FinaliseConfig:
     min_relevant_history: int = 3
     allowed_lateness_ms: int = 60_000
     rbo_p: float = 0.9
+    propensity_positions: int = 0
+    """Positions counted for propensity estimation; 0: not collecting."""
 
     def deadline(self, impression_ms: int) -> int:
         return deadline_ms(impression_ms, self.rules, self.allowed_lateness_ms)
@@ -181,4 +190,20 @@ def finalise(
         user_buckets([r.user_id for r in requests], layout),
         deadlines,
         outcomes,
+        observations(requests, entries) if config.propensity_positions else [],
+        config.propensity_positions,
     )
+
+
+def observations(
+    requests: list[OpenRequest], entries: list[tuple[int, int, float]]
+) -> list[Observation]:
+    """What each request tells the propensity estimators: its clicked positions."""
+    clicked: list[list[int]] = [[] for _ in requests]
+    for row, pos, grade in entries:
+        if grade > 0:
+            clicked[row].append(pos)
+    return [
+        Observation(r.context, r.items, c, r.randomization)
+        for r, c in zip(requests, clicked, strict=True)
+    ]

@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
+
 from evaluator.config import Settings
 from evaluator.events import (
     ImpressionBatch,
@@ -24,7 +26,8 @@ from evaluator.events import (
     decode_impressions,
     decode_interactions,
 )
-from evaluator.finalise import finalise
+from evaluator.finalise import FinaliseConfig, OpenRequest, finalise
+from evaluator.propensity_estimation import estimate
 from evaluator.stores.base import PartitionProgress, StateStore
 from evaluator.watermark import global_watermark
 
@@ -111,7 +114,10 @@ class Pipeline:
         finalise_batch: int = 2000,
     ) -> None:
         self.store = store
+        self.settings = settings
         self.config = settings.finalise_config()
+        self.estimated = settings.propensity.estimated
+        self._curves: dict[int, FinaliseConfig] = {}
         self.profile = settings.relevance.active()
         self.max_list_length = settings.events.max_list_length
         self.max_ooo_ms = settings.event_time.ms("max_out_of_orderness")
@@ -206,8 +212,40 @@ class Pipeline:
             if not due:
                 return total
             requests, users = self.store.load(due)
-            done = finalise(requests, users, self.config)
-            applied = self.store.commit(done, watermark - self.horizon_ms)
-            self.stats.finalised += applied
-            self.stats.outcomes.update(done.outcomes)
-            total += applied
+            for config, group in self._configs(requests):
+                done = finalise(group, users, config)
+                applied = self.store.commit(done, watermark - self.horizon_ms)
+                self.stats.finalised += applied
+                self.stats.outcomes.update(done.outcomes)
+                total += applied
+
+    def _configs(
+        self, requests: list[OpenRequest]
+    ) -> list[tuple[FinaliseConfig, list[OpenRequest]]]:
+        """The finalisation config of each request. With ``propensity = "estimated"``
+        requests are grouped by the bucket (of the shortest window) their deadline falls
+        in, and each bucket uses one curve, fixed in the store when first needed."""
+        if not self.estimated or not requests:
+            return [(self.config, requests)]
+        layout = self.config.layout
+        window = min(layout.windows_ms)
+        deadlines = np.array([self.config.deadline(r.timestamp_ms) for r in requests])
+        starts = layout.bucket_start(window, deadlines).tolist()
+        groups: dict[int, list[OpenRequest]] = {}
+        for start, request in zip(starts, requests, strict=True):
+            groups.setdefault(start, []).append(request)
+        return [(self._bucket_config(start), group) for start, group in groups.items()]
+
+    def _bucket_config(self, bucket_ms: int) -> FinaliseConfig:
+        config = self._curves.get(bucket_ms)
+        if config is None:
+            p = self.settings.propensity
+            current = estimate(
+                self.store.propensity_counts(), p.estimator_name, p.positions, p.min_clicks
+            ).curve()
+            curve = self.store.propensity_curve(bucket_ms, current) if current else None
+            config = self.settings.finalise_config(curve)
+            if len(self._curves) > 64:
+                self._curves.clear()
+            self._curves[bucket_ms] = config
+        return config

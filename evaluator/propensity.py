@@ -99,4 +99,6 @@ def parse_propensity(spec: str | Sequence[float]) -> PropensityModel:
             return PowerLaw(float(body))
     if text.startswith("table:"):
         return PositionTable(tuple(float(v) for v in text[6:].split(",")))
-    raise ValueError(f"unknown propensity {spec!r}: use none, power(ETA) or table:T1,T2,...")
+    raise ValueError(
+        f"unknown propensity {spec!r}: use none, power(ETA), table:T1,T2,... or estimated"
+    )

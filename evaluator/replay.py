@@ -18,6 +18,7 @@ from evaluator.cohort import COLD_START, ESTABLISHED, cohort_codes, earlier_coun
 from evaluator.config import Settings
 from evaluator.events import Impression, ImpressionBatch, InteractionBatch
 from evaluator.join import JoinOutcome, join_by_request, join_by_user
+from evaluator.propensity_estimation import Estimate, Observation, estimate_all, increments
 from evaluator.scoring import RequestScores, score_sparse
 
 I64 = npt.NDArray[np.int64]
@@ -140,8 +141,38 @@ class ScoredRequests:
     cohort: I64
 
 
-def score(requests: Requests, attribution: Attribution, settings: Settings) -> ScoredRequests:
-    """Finalise every request: grades, scores, variant and cohort."""
+def observations(requests: Requests, attribution: Attribution) -> list[Observation]:
+    """Each request as the propensity estimators see it (its clicked positions)."""
+    clicked: list[list[int]] = [[] for _ in requests.events]
+    for row, pos, grade in zip(
+        attribution.row, attribution.position, attribution.grade, strict=True
+    ):
+        if grade > 0:
+            clicked[row].append(pos)
+    return [
+        Observation(e.context or "", e.items, c, e.randomization.key() if e.randomization else None)
+        for e, c in zip(requests.events, clicked, strict=True)
+    ]
+
+
+def estimate_propensities(
+    requests: Requests, attribution: Attribution, settings: Settings
+) -> dict[str, Estimate]:
+    """Every estimator's curve from the whole file (the same counters the live store sums)."""
+    p = settings.propensity
+    counts = increments(observations(requests, attribution), p.positions)
+    return estimate_all(counts, p.positions, p.min_clicks)
+
+
+def score(
+    requests: Requests,
+    attribution: Attribution,
+    settings: Settings,
+    curve: tuple[float, ...] | None = None,
+) -> ScoredRequests:
+    """Finalise every request: grades, scores, variant and cohort.
+
+    ``curve`` is the propensity curve when the model is ``estimated``."""
     events = requests.events
     n = len(events)
     scores = score_sparse(
@@ -149,7 +180,7 @@ def score(requests: Requests, attribution: Attribution, settings: Settings) -> S
         np.asarray(attribution.row, dtype=np.int64),
         np.asarray(attribution.position, dtype=np.int64),
         np.asarray(attribution.grade, dtype=np.float64),
-        settings.scoring(),
+        settings.scoring(curve),
     )
     variant_names, variant = _codes([e.variant for e in events])
     users = [e.user_id for e in events]
@@ -178,6 +209,7 @@ __all__ = [
     "ScoredRequests",
     "attribute",
     "dedupe_impressions",
+    "estimate_propensities",
     "moments_by_variant_cohort",
     "score",
 ]

@@ -25,10 +25,14 @@ def ndcg(
     weights: Sequence[float] | None = None,
 ) -> float:
     gains = [gain(r, kind) for r in grades]
-    if weights is not None:
-        gains = [g * weights[i] for i, g in enumerate(gains)]
-    ideal = dcg(sorted(gains, reverse=True), k)
-    return dcg(gains, k) / ideal if ideal > 0 else 0.0
+    if weights is None:
+        ideal = dcg(sorted(gains, reverse=True), k)
+        return dcg(gains, k) / ideal if ideal > 0 else 0.0
+    weighted = [g * weights[i] for i, g in enumerate(gains)]
+    # ideal order: by grade (ties in shown order), each item keeping its weighted gain
+    order = sorted(range(len(gains)), key=lambda i: -gains[i])
+    ideal = dcg([weighted[i] for i in order], k)
+    return min(1.0, dcg(weighted, k) / ideal) if ideal > 0 else 0.0
 
 
 def mrr(grades: Sequence[float], k: int) -> float:

@@ -58,3 +58,11 @@ def test_no_bias_equals_raw() -> None:
     g = rng.integers(0, 3, size=(50, 12)).astype(float)
     w = ips_weights(NoBias(), 12)
     np.testing.assert_array_equal(ndcg(g, [5, 10], weights=w), ndcg(g, [5, 10]))
+
+
+def test_adjusted_ideal_orders_by_grade_not_by_weighted_gain() -> None:
+    # grades [2, 0, 0, 1], weights [1, 2, 3, 4]: weighted gains [2, 0, 0, 4] (linear).
+    # Ideal by grade: [2, 4] -> 2 + 4/log2(3); shown: 2 + 4/log2(5).
+    w = np.array([1.0, 2.0, 3.0, 4.0])
+    got = ndcg(np.array([[2.0, 0.0, 0.0, 1.0]]), [4], gain="linear", weights=w)[0, 0]
+    assert got == pytest.approx((2 + 4 / np.log2(5)) / (2 + 4 / np.log2(3)))

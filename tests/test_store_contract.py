@@ -199,3 +199,56 @@ def test_blocks_reflect_every_commit_between_reads(make_store) -> None:
         totals.append(sum(float(b[..., 0].sum()) for b in blocks.values()))
     assert totals == [1.0, 2.0, 3.0]
     assert store.blocks(window, 10**14, 10**15) == {}
+
+
+def test_propensity_counters_follow_claims_and_survive_recommits(make_store) -> None:
+    """Counters are written with the claim: a retried or racing commit adds nothing."""
+    config = load_settings(environ={}, overrides={"propensity": {"estimator": "em"}})
+    fconfig = config.finalise_config()
+    store = make_store(config.layout())
+    payloads = [
+        json.dumps(
+            {
+                "event_id": f"e-{rid}",
+                "request_id": rid,
+                "user_id": user,
+                "variant": "A",
+                "timestamp": 1_000,
+                "items": ["a", "b", "c"],
+                "context": "home",
+                "randomization": {"type": "topn", "n": 3} if rid == "r2" else None,
+            }
+        ).encode()
+        for rid, user in (("r1", "u1"), ("r2", "u2"))
+    ]
+    imps = decode_impressions(payloads)[0]
+    ints = interactions(
+        ("i1", "u1", "b", "r1", 1_500, "click"), ("i2", "u2", "a", "r2", 1_500, "purchase")
+    )
+    ingest(store, imps, ints)
+    requests, users = store.load(store.due(fconfig.deadline(1_000), 10))
+    assert {r.request_id: (r.context, r.randomization) for r in requests} == {
+        "r1": ("home", None),
+        "r2": ("home", ("topn", 3)),
+    }
+    done = finalise(requests, users, fconfig)
+    assert store.commit(done) == 2
+    assert store.commit(done) == 0
+    click = 1 << 32
+    sep = "\x1f"
+    assert store.propensity_counts() == {
+        f"h{sep}home{sep}a{sep}1": 2 + click,  # shown twice, clicked in r2
+        f"h{sep}home{sep}b{sep}2": 2 + click,  # shown twice, clicked in r1
+        f"h{sep}home{sep}c{sep}3": 2,
+        f"r{sep}base{sep}1": 1,  # r1 was not randomised; its position 1 was not clicked
+        f"r{sep}topn{sep}1": 1 + click,
+        f"r{sep}topn{sep}2": 1,
+        f"r{sep}topn{sep}3": 1,
+    }
+
+
+def test_propensity_curve_of_a_bucket_is_fixed_by_the_first_proposal(make_store) -> None:
+    store = make_store(SETTINGS.layout())
+    assert store.propensity_curve(60_000, (1.0, 0.5)) == (1.0, 0.5)
+    assert store.propensity_curve(60_000, (1.0, 0.9)) == (1.0, 0.5)
+    assert store.propensity_curve(120_000, (1.0, 0.25)) == (1.0, 0.25)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import math
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,7 +21,8 @@ from evaluator.events import (
     decode_impressions,
     decode_interactions,
 )
-from evaluator.replay import attribute, dedupe_impressions, score
+from evaluator.propensity_estimation import Estimate
+from evaluator.replay import attribute, dedupe_impressions, estimate_propensities, score
 from evaluator.report import EventCounts, build_report, render_table
 from evaluator.sources.files import file_size, read_jsonl
 
@@ -80,16 +82,52 @@ def load_events(
 
 
 def evaluate_files(
-    impressions: Path, interactions: Path, settings: Settings, progress: bool | None = None
+    impressions: Path,
+    interactions: Path,
+    settings: Settings,
+    progress: bool | None = None,
+    estimate: bool = False,
 ) -> dict[str, Any]:
-    """The full replay report for two event files."""
+    """The full replay report for two event files; ``estimate`` adds propensity curves."""
     with _without_cyclic_gc():
         imps, ints, counts = load_events(impressions, interactions, settings, progress)
         requests = dedupe_impressions(imps)
         attribution = attribute(requests, ints, settings)
-        scored = score(requests, attribution, settings)
+        p = settings.propensity
+        estimates = (
+            estimate_propensities(requests, attribution, settings) if p.collect or estimate else {}
+        )
+        curve = estimates[p.estimator_name].curve() if p.estimated else None
+        scored = score(requests, attribution, settings, curve)
         duplicates = requests.duplicates + attribution.duplicates
-        return build_report(scored, attribution.outcomes, duplicates, counts, settings)
+        report = build_report(scored, attribution.outcomes, duplicates, counts, settings)
+        if estimates:
+            report["propensity"] = propensity_report(estimates, curve)
+        return report
+
+
+def propensity_report(
+    estimates: dict[str, Estimate], curve: tuple[float, ...] | None
+) -> dict[str, Any]:
+    """Each estimator's curve with intervals, sample sizes and fitted eta."""
+
+    def clean(values: Any) -> list[float | None]:
+        return [None if math.isnan(v) else round(float(v), 6) for v in values]
+
+    out: dict[str, Any] = {
+        name: {
+            "theta": clean(e.theta),
+            "lower": clean(e.lower),
+            "upper": clean(e.upper),
+            "clicks": [int(v) for v in e.samples],
+            "eta": None if math.isnan(e.eta) else round(e.eta, 6),
+            "fallback": [bool(v) for v in e.fallback],
+        }
+        for name, e in estimates.items()
+    }
+    if curve is not None:
+        out["applied"] = list(curve)
+    return out
 
 
 @contextlib.contextmanager
@@ -111,6 +149,9 @@ def print_report(report: dict[str, Any], output: str) -> None:
         sys.stdout.write("\n")
         return
     print(render_table(report))
+    if "propensity" in report:
+        print()
+        print(render_propensity(report["propensity"]))
     samples = report["invalid_lines"]
     if samples:
         print(f"\ninvalid lines ({report['events']['invalid']}):")
@@ -118,3 +159,28 @@ def print_report(report: dict[str, Any], output: str) -> None:
             print(f"  {s['file']}:{s['line']}: {s['reason']}: {s['detail']}")
         if report["events"]["invalid"] > 20:
             print("  ... (all of them are in --output json)")
+
+
+def render_propensity(block: dict[str, Any]) -> str:
+    """Estimated theta_k / theta_1 per estimator, one row per position."""
+    names = [n for n in block if n != "applied"]
+    width = len(block[names[0]]["theta"])
+    lines = ["propensity  " + "  ".join(f"{n:>20}" for n in names)]
+    for k in range(width):
+        cells = []
+        for n in names:
+            e = block[n]
+            theta, lo, hi = e["theta"][k], e["lower"][k], e["upper"][k]
+            text = "n/a" if theta is None else f"{theta:.3f}"
+            if lo is not None and hi is not None and k > 0:
+                text += f" [{lo:.2f},{hi:.2f}]"
+            elif e["fallback"][k]:
+                text += " (fit)"
+            cells.append(f"{text:>20}")
+        lines.append(f"k={k + 1:<9} " + "  ".join(cells))
+    lines.append("eta         " + "  ".join(f"{_eta(block[n]['eta']):>20}" for n in names))
+    return "\n".join(lines)
+
+
+def _eta(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"

@@ -5,7 +5,10 @@ items' gains sorted in descending order and cut at K, so the metric measures how
 well the shown list was ordered. With position weights ``w`` (inverse
 propensities) each shown item's gain is multiplied by the weight of the position
 it was shown at, and both DCG and IDCG use the weighted gains, so the value
-stays in [0, 1].
+stays in [0, 1]. The ideal order is by grade (what a perfect ranker would show),
+each item keeping its weighted gain; sorting by weighted gain instead would let a
+rare, heavily up-weighted click at a low position dominate the ideal, which
+over-corrects (docs/semantics.md has the simulation behind this choice).
 """
 
 from __future__ import annotations
@@ -79,11 +82,13 @@ def dcg(
         zeros = np.zeros((grades.shape[0], len(ks)))
         return zeros, zeros.copy()
     g = gains(grades, gain)
-    if weights is not None:
-        g = g * np.asarray(weights, dtype=np.float64)[: g.shape[1]]
     max_k = min(max(ks), g.shape[1])
-    actual = _cumulative_dcg(g[:, :max_k], ks)
-    ideal = _cumulative_dcg(_top_desc(g, max_k), ks)
+    if weights is None:
+        return _cumulative_dcg(g[:, :max_k], ks), _cumulative_dcg(_top_desc(g, max_k), ks)
+    weighted = g * np.asarray(weights, dtype=np.float64)[: g.shape[1]]
+    order = np.argsort(-g, axis=1, kind="stable")[:, :max_k]
+    actual = _cumulative_dcg(weighted[:, :max_k], ks)
+    ideal = _cumulative_dcg(np.take_along_axis(weighted, order, axis=1), ks)
     return actual, ideal
 
 

@@ -176,3 +176,32 @@ class KafkaSource:
         if self._producer is not None:
             self._producer.close()
         self.consumer.close(autocommit=False)
+
+
+class KafkaSink:
+    """Producer of simulated (or replayed) events onto the impressions/interactions topics."""
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        self.topics: dict[Kind, str] = {
+            "impressions": settings.impressions_topic,
+            "interactions": settings.interactions_topic,
+        }
+        self._producer = KafkaProducer(
+            bootstrap_servers=settings.bootstrap_servers.split(","),
+            client_id=settings.client_id + "-simulator",
+            acks="all",
+            linger_ms=20,
+            batch_size=256 * 1024,
+            **_security(settings),
+        )
+
+    def send(self, kind: Kind, key: bytes, payload: bytes) -> None:
+        """Queue one message, keyed by user so a user's events stay in one partition."""
+        self._producer.send(self.topics[kind], key=key or None, value=payload)
+
+    def flush(self) -> None:
+        self._producer.flush()
+
+    def close(self) -> None:
+        self._producer.flush()
+        self._producer.close()

@@ -126,4 +126,14 @@ class StateStore(Protocol):
         """Exactly-once counters kept with the state (late, duplicates, finalised ...)."""
         ...
 
+    def propensity_counts(self) -> dict[str, int]:
+        """The propensity estimators' counters, summed over every committed request
+        (see :mod:`evaluator.propensity_estimation`)."""
+        ...
+
+    def propensity_curve(self, bucket_ms: int, proposal: tuple[float, ...]) -> tuple[float, ...]:
+        """The propensity curve of a window bucket: the first proposal stored for it
+        wins, so every instance scores that bucket with the same curve."""
+        ...
+
     def close(self) -> None: ...

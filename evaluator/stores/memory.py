@@ -6,6 +6,7 @@ contract as the Redis store. Not durable: a restart starts from empty state.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -15,6 +16,7 @@ import numpy as np
 
 from evaluator.events import Impression, ImpressionBatch, Interaction, InteractionBatch
 from evaluator.finalise import Finalised, OpenRequest, PendingInteraction, UserContext
+from evaluator.propensity_estimation import increments
 from evaluator.stores.base import DueRequest, FloatArray, IngestCounts, PartitionProgress
 from evaluator.windows import AggregateLayout, expand_shards, shard_of
 
@@ -46,6 +48,8 @@ class MemoryStore:
         self._progress: dict[str, PartitionProgress] = {}
         self._counters: Counter[str] = Counter()
         self._items: dict[tuple[int, int, str, int], set[str]] = {}
+        self._propensity: Counter[str] = Counter()
+        self._curves: dict[int, tuple[float, ...]] = {}
 
     def check_layout(self) -> None:
         return None
@@ -82,6 +86,8 @@ class MemoryStore:
                     attributes=list((event.item_attributes or {}).get(self.attribute, [])),
                     shadow_variant=_shadow(event)[0],
                     shadow=_shadow(event)[1],
+                    context=event.context or "",
+                    randomization=event.randomization.key() if event.randomization else None,
                 )
                 self._deadline[rid] = (deadline, shard)
                 self._user(event.user_id).open_requests[rid] = ts
@@ -153,19 +159,7 @@ class MemoryStore:
                 if open_request is None:
                     continue
                 interactions = list(self._pending.get(rid, {}).values())
-                requests.append(
-                    OpenRequest(
-                        rid,
-                        open_request.user_id,
-                        open_request.variant,
-                        open_request.timestamp_ms,
-                        open_request.items,
-                        interactions,
-                        open_request.attributes,
-                        open_request.shadow_variant,
-                        open_request.shadow,
-                    )
-                )
+                requests.append(dataclasses.replace(open_request, interactions=interactions))
                 if open_request.user_id not in users:
                     users[open_request.user_id] = self._context(open_request.user_id)
         return requests, users
@@ -216,6 +210,10 @@ class MemoryStore:
                     if window == max(layout.windows_ms):
                         key = (window, start, "*", 0)
                         self._items.setdefault(key, set()).update(request.items)
+                if finalised.observations:
+                    self._propensity.update(
+                        increments([finalised.observations[i]], finalised.propensity_positions)
+                    )
                 applied += 1
             self._counters["finalised"] += applied
         return applied
@@ -280,6 +278,14 @@ class MemoryStore:
     def counters(self) -> dict[str, int]:
         with self._lock:
             return dict(self._counters)
+
+    def propensity_counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._propensity)
+
+    def propensity_curve(self, bucket_ms: int, proposal: tuple[float, ...]) -> tuple[float, ...]:
+        with self._lock:
+            return self._curves.setdefault(bucket_ms, proposal)
 
     def close(self) -> None:
         return None

@@ -10,7 +10,7 @@ single atomic claim.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any
@@ -22,8 +22,9 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from evaluator.events import ImpressionBatch, InteractionBatch
+from evaluator.events import ImpressionBatch, InteractionBatch, Randomization
 from evaluator.finalise import Finalised, OpenRequest, PendingInteraction, UserContext
+from evaluator.propensity_estimation import increments
 from evaluator.stores.base import DueRequest, FloatArray, IngestCounts, PartitionProgress
 from evaluator.windows import AggregateLayout, shard_of
 
@@ -31,7 +32,7 @@ SEP = "\x1f"
 """Separates items, and the parts of a pending interaction."""
 FIELD = "\x1e"
 """Separates the fields of a stored request: user, variant, time, items, attribute values,
-shadow variant, shadow ranking."""
+shadow variant, shadow ranking, context, randomisation."""
 MAX_LUA_VALUES = 7000
 """Redis' Lua unpacks at most ~8000 values at once; a block must stay below that."""
 
@@ -152,6 +153,8 @@ class RedisStore:
                     SEP.join(attrs),
                     shadow_variant,
                     SEP.join(shadow),
+                    event.context or "",
+                    _randomization_text(event.randomization),
                 )
             )
             per_shard[shard][0].append((event.request_id, event.user_id, ts, deadline, value))
@@ -236,11 +239,12 @@ class RedisStore:
             order = list(pending)
             for shard in order:
                 meta, blocks, increments = self._increments(finalised, pending[shard])
+                counts = _propensity_increments(finalised, pending[shard])
                 self._commit(
                     keys=[self.tag(shard) + "dl"],
                     args=[
                         self.tag(shard),
-                        msgspec.msgpack.encode((meta, blocks)),
+                        msgspec.msgpack.encode((meta, blocks, counts)),
                         self.state_ttl_s,
                         0,
                         int(np.prod(layout.block_shape)),
@@ -468,6 +472,23 @@ class RedisStore:
                 totals[key.decode()] += int(value)
         return dict(totals)
 
+    def propensity_counts(self) -> dict[str, int]:
+        pipe = self.client.pipeline(transaction=False)
+        for shard in range(self.layout.shards):
+            pipe.hgetall(self.tag(shard) + "ps")
+        total: Counter[str] = Counter()
+        for reply in pipe.execute():
+            total.update({_text(k): int(v) for k, v in reply.items()})
+        return dict(total)
+
+    def propensity_curve(self, bucket_ms: int, proposal: tuple[float, ...]) -> tuple[float, ...]:
+        key = f"{self._meta}curve:{bucket_ms}"
+        pipe = self.client.pipeline(transaction=False)
+        pipe.set(key, ",".join(map(repr, proposal)), nx=True, ex=self.block_ttl_s)
+        pipe.get(key)
+        stored = _text(pipe.execute()[1])
+        return tuple(float(v) for v in stored.split(",")) if stored else proposal
+
     def ping(self) -> bool:
         return bool(self.client.ping())
 
@@ -486,8 +507,23 @@ def _text(value: bytes | str | None) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _propensity_increments(finalised: Finalised, rows: npt.NDArray[np.intp]) -> list[Any]:
+    """Flat [field, increment, ...] of the given requests' estimator counters."""
+    if not finalised.observations:
+        return []
+    counts = increments([finalised.observations[i] for i in rows], finalised.propensity_positions)
+    return [x for pair in counts.items() for x in pair]
+
+
+def _randomization_text(rnd: Randomization | None) -> str:
+    return f"{rnd.key()[0]}{SEP}{rnd.key()[1]}" if rnd is not None else ""
+
+
 def _decode_request(rid: str, value: bytes, pending: list[bytes]) -> OpenRequest:
-    user, variant, ts, items, attrs, shadow_variant, shadow = value.decode().split(FIELD)
+    fields = value.decode().split(FIELD)
+    fields += [""] * (9 - len(fields))  # records written before context/randomization
+    user, variant, ts, items, attrs, shadow_variant, shadow, context, rnd = fields[:9]
+    kind, _, span = rnd.partition(SEP)
     interactions = []
     for k in range(0, len(pending), 2):
         item, its, grade = pending[k + 1].decode().split(SEP)
@@ -503,6 +539,8 @@ def _decode_request(rid: str, value: bytes, pending: list[bytes]) -> OpenRequest
         attrs.split(SEP) if attrs else [],
         shadow_variant,
         shadow.split(SEP) if shadow else [],
+        context,
+        (kind, int(span)) if rnd else None,
     )
 
 

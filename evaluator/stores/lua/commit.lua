@@ -1,6 +1,7 @@
 -- Claim finalised requests of one shard and add their statistics, atomically.
 -- KEYS[1] = <tag>dl   ARGV[1] = key prefix with tag
--- ARGV[2] = msgpack {{request_id, user_id, variant}, ...}, {{block suffix, bucket start, ttl s, window ms}, ...}}
+-- ARGV[2] = msgpack {{request_id, user_id, variant}, ...}, {{block suffix, bucket start, ttl s, window ms}, ...},
+--           {propensity field, increment, ...}}  (the estimators' counters, <tag>ps)
 -- ARGV[3] = state ttl s   ARGV[4] = (unused)
 -- ARGV[5] = doubles per block
 -- ARGV[6] = prune request-less interactions older than this (ms)
@@ -63,5 +64,7 @@ for window, cutoff in pairs(oldest) do
     redis.call('ZREM', index, unpack(gone))
   end
 end
+local ps = data[3] or {}
+for i = 1, #ps, 2 do redis.call('HINCRBY', p .. 'ps', ps[i], ps[i + 1]) end
 redis.call('HINCRBY', p .. 'c', 'finalised', #data[1])
 return {#data[1], {}}
