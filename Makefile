@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test lint typecheck unit demo bench schemas clean services services-stop
+.PHONY: setup test lint typecheck unit demo replay-example bench schemas clean services services-stop
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,10 @@ unit: setup
 
 test: lint typecheck unit  ## everything CI runs
 
-demo: setup  ## evaluate the bundled example events
+demo: setup  ## simulated traffic through the live pipeline; dashboard on http://127.0.0.1:8000/
+	$(BIN)/evaluator demo
+
+replay-example: setup  ## evaluate the bundled example events
 	$(BIN)/evaluator replay examples/impressions.jsonl examples/interactions.jsonl
 
 bench: setup

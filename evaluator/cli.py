@@ -146,6 +146,82 @@ def _add_simulate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.set_defaults(func=_cmd_simulate)
 
 
+def _cmd_demo(args: argparse.Namespace) -> int:
+    import threading
+
+    from evaluator.commands.demo import demo_tree, run_demo, sim_config
+    from evaluator.commands.run import build_store, install_signal_handlers, run
+    from evaluator.config import load_tree
+    from evaluator.stores.base import StateStore
+
+    overrides: dict[str, Any] = {}
+    if args.port is not None:
+        overrides["http"] = {"port": args.port}
+    settings = load_settings(None, overrides=demo_tree(load_tree(args.config, overrides=overrides)))
+    stop = threading.Event()
+    install_signal_handlers(stop)
+    print(
+        f"evaluator demo: dashboard on http://{settings.http.host}:{settings.http.port}/ "
+        "(Ctrl-C stops)",
+        file=sys.stderr,
+    )
+    store: StateStore | None = build_store(settings) if args.redis else None
+    if not args.kafka:
+        simulator = run_demo(
+            settings,
+            seed=args.seed,
+            requests_per_s=args.rate,
+            speed=args.speed,
+            requests=args.requests,
+            store=store,
+            stop=stop,
+        )
+    else:
+        from evaluator.commands.simulate import simulate
+        from evaluator.simulate import Simulator
+        from evaluator.sources.kafka import KafkaSink
+        from evaluator.stores.memory import MemoryStore
+
+        config = sim_config(settings, args.seed, args.rate, args.speed)
+        holder: list[Simulator] = []
+
+        def produce() -> None:
+            holder.append(
+                simulate(
+                    config,
+                    KafkaSink(settings.kafka),
+                    args.requests,
+                    rate=args.rate * 4,
+                    stop=stop,
+                    progress=False,
+                )
+            )
+
+        threading.Thread(target=produce, name="simulator", daemon=True).start()
+        store = store or MemoryStore(settings.layout(), settings.cold_start.min_relevant_history)
+        run(settings, stop, store, truth=lambda: holder[0].truth.as_dict() if holder else {})
+        simulator = holder[0] if holder else Simulator(config)
+    json.dump(simulator.truth.as_dict(), sys.stderr, indent=2)
+    sys.stderr.write("\n")
+    return 0
+
+
+def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "demo",
+        parents=[_config_option()],
+        help="simulated traffic through the live pipeline, with a dashboard page (no services)",
+    )
+    p.add_argument("--port", type=int, help="dashboard and /metrics port (default 8000)")
+    p.add_argument("--rate", type=float, default=300.0, help="requests/s (default 300)")
+    p.add_argument("--speed", type=float, default=20.0, help="event time vs wall clock")
+    p.add_argument("--requests", type=int, help="stop after this many requests")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kafka", action="store_true", help="through the configured Kafka topics")
+    p.add_argument("--redis", action="store_true", help="state in the configured Redis")
+    p.set_defaults(func=_cmd_demo)
+
+
 def _cmd_schema(args: argparse.Namespace) -> int:
     from evaluator.events import json_schemas
 
@@ -216,6 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_replay(sub)
     _add_simulate(sub)
+    _add_demo(sub)
     run = sub.add_parser(
         "run",
         parents=[_config_option()],

@@ -24,7 +24,7 @@ from evaluator.propensity import NoBias, PositionTable, PropensityModel, parse_p
 from evaluator.propensity_estimation import Estimator
 from evaluator.relevance import BUILTIN_PROFILES, ProfileKind, RelevanceProfile
 from evaluator.scoring import ScoringConfig
-from evaluator.timeutil import parse_duration_ms
+from evaluator.timeutil import format_duration_ms, parse_duration_ms
 from evaluator.windows import AggregateLayout
 
 ENV_PREFIX = "EVALUATOR_"
@@ -249,6 +249,11 @@ class WindowSettings(msgspec.Struct, forbid_unknown_fields=True):
     def sizes_ms(self) -> list[int]:
         return sorted({_duration("sizes", s) for s in self.sizes})
 
+    def sizes_label(self) -> str:
+        """The label of the shortest window, as exported (e.g. ``5m``)."""
+        shortest = min(self.sizes, key=lambda s: _duration("sizes", s))
+        return shortest.strip() if isinstance(shortest, str) else format_duration_ms(shortest)
+
 
 class ExperimentSettings(msgspec.Struct, forbid_unknown_fields=True):
     control: str = ""
@@ -420,12 +425,12 @@ def build_settings(tree: Mapping[str, Any]) -> Settings:
         raise ConfigError(f"invalid configuration at {path}: {message}") from None
 
 
-def load_settings(
+def load_tree(
     path: str | Path | None = None,
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
-) -> Settings:
-    """File, then environment, then explicit overrides (CLI flags)."""
+) -> dict[str, Any]:
+    """The merged configuration tree (file, environment, overrides), not yet validated."""
     tree: dict[str, Any] = {}
     if path is not None:
         try:
@@ -438,4 +443,13 @@ def load_settings(
     tree = merge(tree, env_overrides(os.environ if environ is None else environ))
     if overrides:
         tree = merge(tree, overrides)
-    return build_settings(tree)
+    return tree
+
+
+def load_settings(
+    path: str | Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """File, then environment, then explicit overrides (CLI flags)."""
+    return build_settings(load_tree(path, environ, overrides))

@@ -136,7 +136,10 @@ class Estimate:
     fallback: npt.NDArray[np.bool_]
     """Positions whose value is the fitted power law for lack of data."""
 
-    def curve(self) -> tuple[float, ...]:
+    def curve(self) -> tuple[float, ...] | None:
+        """The curve to score with, or ``None`` while some position has no value."""
+        if not np.isfinite(self.theta).all():
+            return None
         return tuple(float(t) for t in self.theta)
 
 
@@ -171,6 +174,8 @@ def _finish(
     weak[0] = False
     if np.isfinite(eta):
         theta[weak] = np.arange(1, theta.size + 1, dtype=np.float64)[weak] ** -eta
+    else:
+        theta[weak] = np.nan
     lower, upper = theta * np.exp(-Z95 * se_log), theta * np.exp(Z95 * se_log)
     lower[weak], upper[weak] = np.nan, np.nan
     return Estimate(name, theta, lower, upper, samples, eta, weak)

@@ -65,6 +65,8 @@ class SimulationConfig:
     video_duration_ms: int = 60_000
     randomized_fraction: float = 0.1
     randomization: Literal["topn", "swap"] = "topn"
+    interaction_delay_ms: int = 60_000
+    """Each interaction follows the previous step (impression, click, cart) by 1 s to this."""
     out_of_order_fraction: float = 0.05
     out_of_order_ms: int = 3_000
     late_fraction: float = 0.0
@@ -84,6 +86,7 @@ class SimulationConfig:
             "list_length": self.list_length >= 2,
             "eta": 0 <= self.eta <= 5,
             "requests_per_second": self.requests_per_second > 0,
+            "interaction_delay_ms": self.interaction_delay_ms > 1_000,
         }
         for name in ("randomized_fraction", "out_of_order_fraction", "late_fraction"):
             checks[name] = 0 <= getattr(self, name) <= 1
@@ -253,7 +256,7 @@ class Simulator:
         rid, user, ts = request
         key = user.encode()
         for pos in np.flatnonzero(grade > 0):
-            t = ts + int(self.rng.integers(1_000, 60_000))
+            t = ts + int(self.rng.integers(1_000, c.interaction_delay_ms))
             steps = ["watch"] if c.mode == "video" else ["click", "add_to_cart", "purchase"]
             for n, kind in enumerate(steps[: max(1, int(grade[pos]))]):
                 event: dict[str, object] = {
@@ -269,7 +272,7 @@ class Simulator:
                     event["duration"] = c.video_duration_ms
                 self._push(t, SimEvent("interactions", key, _ENCODE(event)))
                 self.truth.count("interactions")
-                t += int(self.rng.integers(2_000, 120_000))
+                t += int(self.rng.integers(1_000, c.interaction_delay_ms))
 
     def _generate(self, n: int) -> int:
         """Generate ``n`` requests; returns the event time of the last impression."""

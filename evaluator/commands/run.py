@@ -6,15 +6,15 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
-from prometheus_client import CollectorRegistry
-
+from evaluator.commands.serving import serve_metrics
 from evaluator.config import Settings
-from evaluator.exporters.http import CachedExposition, serve
-from evaluator.exporters.prometheus import PipelineCollector, WindowCollector
-from evaluator.pipeline import PartitionBatch, Pipeline, wall_clock_ms
+from evaluator.pipeline import PartitionBatch, Pipeline
 from evaluator.sources.kafka import KafkaSource
+from evaluator.stores.base import StateStore
 from evaluator.stores.redis import RedisStore, connect
 from evaluator.timeutil import parse_duration_ms
 
@@ -73,7 +73,7 @@ def _process_with_retry(
 class _Health:
     """Liveness and readiness as seen from the HTTP thread (no Kafka calls there)."""
 
-    def __init__(self, store: RedisStore, stall_after_s: float = 120.0) -> None:
+    def __init__(self, store: StateStore, stall_after_s: float = 120.0) -> None:
         self.store = store
         self.stall_after_s = stall_after_s
         self.beat = time.monotonic()
@@ -87,7 +87,9 @@ class _Health:
 
     def ready(self) -> tuple[bool, str]:
         try:
-            self.store.ping()
+            ping = getattr(self.store, "ping", None)
+            if ping is not None:
+                ping()
         except Exception as exc:  # readiness reports any Redis failure
             return False, f"redis unreachable: {exc}"
         if self.kafka_error:
@@ -97,33 +99,18 @@ class _Health:
         return True, f"ready: {len(self.assigned)} partitions"
 
 
-def _serve_metrics(
-    settings: Settings, store: RedisStore, pipeline: Pipeline, health: _Health
-) -> None:
-    if not settings.http.port:
-        return
-    registry = CollectorRegistry()
-    registry.register(
-        PipelineCollector(pipeline.stats, lambda: health.lag, pipeline.watermark, wall_clock_ms)
-    )
-    windows = WindowCollector(store, settings, pipeline.watermark)
-    refresh_s = parse_duration_ms(settings.http.refresh_interval) / 1000.0
-    exposition = CachedExposition(windows.exposition, refresh_s).get if refresh_s else None
-    server = serve(
-        registry,
-        settings.http.host,
-        settings.http.port,
-        alive=health.alive,
-        ready=health.ready,
-        extra=exposition or windows.exposition,
-    )
-    log.info("serving /metrics, /healthz, /readyz on %s:%d", *server.server_address[:2])
+def run(
+    settings: Settings,
+    stop: threading.Event | None = None,
+    store: StateStore | None = None,
+    truth: Callable[[], dict[str, Any]] | None = None,
+) -> int:
+    """Consume until stopped (SIGTERM/SIGINT), committing after each durable batch.
 
-
-def run(settings: Settings, stop: threading.Event | None = None) -> int:
-    """Consume until stopped (SIGTERM/SIGINT), committing after each durable batch."""
+    ``store`` defaults to Redis; the demo passes the embedded store and the
+    simulator's ground truth for the dashboard."""
     stop = stop or threading.Event()
-    store = build_store(settings)
+    store = store or build_store(settings)
     pipeline = Pipeline(store, settings)
     health = _Health(store)
 
@@ -132,7 +119,15 @@ def run(settings: Settings, stop: threading.Event | None = None) -> int:
         pipeline.register(names)
 
     source = KafkaSource(settings.kafka, parse_duration_ms(settings.kafka.poll_timeout), on_assign)
-    _serve_metrics(settings, store, pipeline, health)
+    serve_metrics(
+        settings,
+        store,
+        pipeline,
+        alive=health.alive,
+        ready=health.ready,
+        lag=lambda: health.lag,
+        truth=truth,
+    )
     log.info(
         "consuming %s and %s as group %s; state in Redis prefix %s",
         settings.kafka.impressions_topic,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -21,10 +21,13 @@ def serve(
     alive: Callable[[], bool],
     ready: Callable[[], tuple[bool, str]],
     extra: Callable[[], bytes] = lambda: b"",
+    routes: Mapping[str, Callable[[], tuple[bytes, str]]] | None = None,
 ) -> ThreadingHTTPServer:
     """Start the endpoints on a daemon thread; returns the server (``server_address`` has
     the bound port when ``port`` is 0). ``/metrics`` is the registry's exposition
-    followed by ``extra()`` (more exposition text, e.g. the window metrics)."""
+    followed by ``extra()`` (more exposition text, e.g. the window metrics);
+    ``routes`` maps more paths to ``(body, content type)`` producers (the dashboard)."""
+    pages = dict(routes or {})
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -37,6 +40,8 @@ def serve(
             elif path == "/readyz":
                 ok, why = ready()
                 self._reply(200 if ok else 503, (why + "\n").encode())
+            elif path in pages:
+                self._reply(200, *pages[path]())
             else:
                 self._reply(404, b"not found\n")
 
@@ -64,8 +69,15 @@ class CachedExposition:
     fast however often it is scraped. The first call computes synchronously.
     """
 
-    def __init__(self, compute: Callable[[], bytes], interval_s: float) -> None:
+    def __init__(
+        self,
+        compute: Callable[[], bytes],
+        interval_s: float,
+        on_refresh: Callable[[bytes], object] = lambda text: None,
+    ) -> None:
         self.compute = compute
+        self.on_refresh = on_refresh
+        """Called with each fresh text (the dashboard's history records it)."""
         self.interval_s = interval_s
         self.last_seconds = 0.0
         """How long the latest refresh took (exported by the caller if wanted)."""
@@ -80,6 +92,7 @@ class CachedExposition:
         self.last_seconds = time.perf_counter() - started
         with self._lock:
             self._text = text
+        self.on_refresh(text)
         return text
 
     def _loop(self) -> None:

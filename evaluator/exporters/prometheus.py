@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 
 from evaluator.config import ExperimentSettings, Settings
 from evaluator.pipeline import PipelineStats
+from evaluator.propensity_estimation import estimate_all
 from evaluator.stats import (
     SequentialTracker,
     fixed_horizon,
@@ -58,7 +59,7 @@ class _Families:
     def add(self, name: str, labels: dict[str, str], value: float) -> None:
         """Add a sample; NaN (no data yet) is left out rather than exported."""
         if math.isfinite(value):
-            self.samples[name].append(([labels[k] for k in self.labels[name]], value))
+            self.samples[name].append(([labels[k] for k in self.labels[name]], float(value)))
 
     def families(self) -> Iterator[GaugeMetricFamily]:
         for name, samples in self.samples.items():
@@ -123,6 +124,30 @@ def _families() -> _Families:
         "recsys_eval_srm_p_value": (
             "Sample-ratio-mismatch chi-square p-value.",
             ["experiment", "window"],
+        ),
+        "recsys_eval_propensity": (
+            "Estimated examination propensity theta_k / theta_1 (all data so far).",
+            ["position", "estimator"],
+        ),
+        "recsys_eval_propensity_lower": (
+            "Lower approximate 95% bound of the propensity (absent where it falls back).",
+            ["position", "estimator"],
+        ),
+        "recsys_eval_propensity_upper": (
+            "Upper approximate 95% bound of the propensity.",
+            ["position", "estimator"],
+        ),
+        "recsys_eval_propensity_clicks": (
+            "Clicks behind the propensity estimate at the position.",
+            ["position", "estimator"],
+        ),
+        "recsys_eval_propensity_fallback": (
+            "1 when the position uses the fitted power law for lack of clicks.",
+            ["position", "estimator"],
+        ),
+        "recsys_eval_propensity_eta": (
+            "Power-law exponent fitted to the estimate: theta_k = k ** -eta.",
+            ["estimator"],
         ),
     }
     ab = ["experiment", "variant", "control", "k", "window", "adjusted"]
@@ -190,7 +215,25 @@ class WindowCollector(Collector):
             fam.add("recsys_eval_watermark_seconds", {}, frontier / 1000.0)
             for window in self.layout.windows_ms:
                 self._window(fam, window, frontier)
+        if self.settings.propensity.collect:
+            self._propensity(fam)
         return fam
+
+    def _propensity(self, fam: _Families) -> None:
+        p = self.settings.propensity
+        estimates = self._cached(
+            (0, "propensity"),  # cached like the sketches; at most 10 s old
+            lambda: estimate_all(self.store.propensity_counts(), p.positions, p.min_clicks),
+        )
+        for name, e in estimates.items():
+            fam.add("recsys_eval_propensity_eta", {"estimator": name}, e.eta)
+            for k in range(e.theta.size):
+                labels = {"position": str(k + 1), "estimator": name}
+                fam.add("recsys_eval_propensity", labels, e.theta[k])
+                fam.add("recsys_eval_propensity_lower", labels, e.lower[k])
+                fam.add("recsys_eval_propensity_upper", labels, e.upper[k])
+                fam.add("recsys_eval_propensity_clicks", labels, e.samples[k])
+                fam.add("recsys_eval_propensity_fallback", labels, float(e.fallback[k]))
 
     def collect(self) -> Iterator[Metric]:
         yield from self._scrape().families()
@@ -240,7 +283,8 @@ class WindowCollector(Collector):
     def _cached(self, key: tuple[int, str], compute: Callable[[], Any]) -> Any:
         now = time.monotonic()
         hit = self._sketches.get(key)
-        if hit is not None and now - hit[0] < self.sketch_refresh_s:
+        max_age = min(self.sketch_refresh_s, 10.0) if key[1] == "propensity" else None
+        if hit is not None and now - hit[0] < (max_age or self.sketch_refresh_s):
             return hit[1]
         value = compute()
         self._sketches[key] = (now, value)

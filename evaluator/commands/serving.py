@@ -1,0 +1,66 @@
+"""HTTP wiring shared by ``evaluator run`` and ``evaluator demo``: /metrics, health, dashboard."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from http.server import ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from evaluator.config import Settings
+from evaluator.exporters.dashboard import DashboardHistory, routes
+from evaluator.exporters.http import CachedExposition, serve
+from evaluator.exporters.prometheus import PipelineCollector, WindowCollector
+from evaluator.pipeline import Pipeline, wall_clock_ms
+from evaluator.stores.base import StateStore
+from evaluator.timeutil import parse_duration_ms
+
+log = logging.getLogger(__name__)
+
+
+def serve_metrics(
+    settings: Settings,
+    store: StateStore,
+    pipeline: Pipeline,
+    *,
+    alive: Callable[[], bool],
+    ready: Callable[[], tuple[bool, str]],
+    lag: Callable[[], dict[str, int]] = dict,
+    truth: Callable[[], dict[str, Any]] | None = None,
+) -> ThreadingHTTPServer | None:
+    """Serve /metrics (refreshed in the background), /healthz, /readyz and the dashboard
+    page; ``truth`` adds the simulator's ground truth to the dashboard data."""
+    if not settings.http.port:
+        return None
+    registry = CollectorRegistry()
+    registry.register(PipelineCollector(pipeline.stats, lag, pipeline.watermark, wall_clock_ms))
+    windows = WindowCollector(store, settings, pipeline.watermark)
+    history = DashboardHistory(settings.windows.sizes_label(), settings.metrics.k[0], truth=truth)
+    refresh_s = parse_duration_ms(settings.http.refresh_interval) / 1000.0
+
+    def record(text: bytes) -> None:
+        history.record(generate_latest(registry) + text)
+
+    if refresh_s:
+        extra = CachedExposition(windows.exposition, refresh_s, on_refresh=record).get
+    else:  # computed at every scrape
+
+        def extra() -> bytes:
+            text = windows.exposition()
+            record(text)
+            return text
+
+    server = serve(
+        registry,
+        settings.http.host,
+        settings.http.port,
+        alive=alive,
+        ready=ready,
+        extra=extra,
+        routes=routes(history),
+    )
+    host, port = server.server_address[:2]
+    log.info("serving /metrics, /healthz, /readyz and the dashboard on %s:%d", host, port)
+    return server

@@ -1,0 +1,162 @@
+// Live dashboard: polls /api/dashboard and draws SVG charts (no external libraries).
+"use strict";
+const COLORS = ["#2f6fde", "#e0662e", "#2ea86b", "#9b51e0", "#c9a227", "#d6457a"];
+const NS = "http://www.w3.org/2000/svg";
+
+function el(tag, attrs, parent, text) {
+  const node = document.createElementNS(NS, tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+  if (text !== undefined) node.textContent = text;
+  if (parent) parent.appendChild(node);
+  return node;
+}
+
+function frame(svg, xs, ys, fmtX, fmtY) {
+  // Axes and ticks; returns scale functions into the plot area.
+  svg.replaceChildren();
+  const box = svg.viewBox.baseVal;
+  const left = 46, right = box.width - 10, top = 10, bottom = box.height - 24;
+  const [x0, x1] = xs, [y0, y1] = ys;
+  const sx = (x) => left + ((x - x0) / (x1 - x0 || 1)) * (right - left);
+  const sy = (y) => bottom - ((y - y0) / (y1 - y0 || 1)) * (bottom - top);
+  for (let i = 0; i <= 4; i++) {
+    const y = y0 + ((y1 - y0) * i) / 4;
+    el("line", { x1: left, x2: right, y1: sy(y), y2: sy(y), class: "grid" }, svg);
+    el("text", { x: left - 6, y: sy(y) + 4, "text-anchor": "end", class: "tick" }, svg, fmtY(y));
+  }
+  for (let i = 0; i <= 4; i++) {
+    const x = x0 + ((x1 - x0) * i) / 4;
+    el("text", { x: sx(x), y: bottom + 16, "text-anchor": "middle", class: "tick" }, svg, fmtX(x));
+  }
+  el("line", { x1: left, x2: right, y1: bottom, y2: bottom, class: "axis" }, svg);
+  el("line", { x1: left, x2: left, y1: top, y2: bottom, class: "axis" }, svg);
+  return { sx, sy };
+}
+
+function path(points, sx, sy) {
+  return points.map(([x, y], i) => `${i ? "L" : "M"}${sx(x).toFixed(1)},${sy(y).toFixed(1)}`).join("");
+}
+
+function range(values, pad, floor) {
+  let lo = Math.min(...values), hi = Math.max(...values);
+  if (!isFinite(lo)) return [0, 1];
+  if (hi - lo < 1e-9) { lo -= 0.05; hi += 0.05; }
+  const margin = (hi - lo) * pad;
+  lo = floor === undefined ? lo - margin : Math.max(floor, lo - margin);
+  return [lo, hi + margin];
+}
+
+const clock = (t) => new Date(t * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" });
+const fixed = (n) => (v) => v.toFixed(n);
+
+function drawNdcg(snaps, variants) {
+  const svg = document.getElementById("ndcg-chart");
+  const values = [], times = snaps.map((s) => s.t);
+  for (const s of snaps) for (const v of variants) {
+    const m = s.ndcg[v]; if (m) { if (m.raw !== undefined) values.push(m.raw); if (m.adjusted !== undefined) values.push(m.adjusted); }
+  }
+  const { sx, sy } = frame(svg, [Math.min(...times), Math.max(...times)], range(values, 0.1, 0), clock, fixed(2));
+  const legend = document.getElementById("ndcg-legend");
+  legend.replaceChildren();
+  variants.forEach((v, i) => {
+    const color = COLORS[i % COLORS.length];
+    for (const kind of ["raw", "adjusted"]) {
+      const pts = snaps.filter((s) => s.ndcg[v] && s.ndcg[v][kind] !== undefined).map((s) => [s.t, s.ndcg[v][kind]]);
+      if (!pts.length) continue;
+      el("path", { d: path(pts, sx, sy), fill: "none", stroke: color, "stroke-width": 2,
+                   "stroke-dasharray": kind === "raw" ? "" : "6 4", class: `series ${kind}`, "data-variant": v }, svg);
+    }
+    const last = snaps[snaps.length - 1].ndcg[v] || {};
+    const span = document.createElement("span");
+    span.innerHTML = `<i class="swatch" style="background:${color}"></i>${v}: raw <b>${(last.raw ?? NaN).toFixed(4)}</b>, adjusted <b>${(last.adjusted ?? NaN).toFixed(4)}</b>`;
+    legend.appendChild(span);
+  });
+}
+
+function drawAb(snaps) {
+  const svg = document.getElementById("ab-chart");
+  const keys = [...new Set(snaps.flatMap((s) => Object.keys(s.ab)))];
+  const text = document.getElementById("ab-text");
+  if (!keys.length) { svg.replaceChildren(); text.textContent = "no comparison yet"; return; }
+  const values = [0];
+  for (const s of snaps) for (const k of keys) { const a = s.ab[k]; if (a) values.push(a.diff, a.lower ?? a.diff, a.upper ?? a.diff); }
+  const times = snaps.map((s) => s.t);
+  const { sx, sy } = frame(svg, [Math.min(...times), Math.max(...times)], range(values.filter(isFinite), 0.1), clock, fixed(3));
+  el("line", { x1: sx(times[0]), x2: sx(times[times.length - 1]), y1: sy(0), y2: sy(0), stroke: "#888", "stroke-dasharray": "3 3" }, svg);
+  const lines = [];
+  keys.forEach((k, i) => {
+    const color = COLORS[(i + 1) % COLORS.length];
+    const pts = snaps.filter((s) => s.ab[k]).map((s) => [s.t, s.ab[k]]);
+    const band = pts.filter(([, a]) => a.lower !== undefined && a.upper !== undefined);
+    if (band.length) {
+      const upper = band.map(([t, a]) => [t, a.upper]), lower = band.map(([t, a]) => [t, a.lower]).reverse();
+      el("path", { d: path(upper.concat(lower), sx, sy) + "Z", fill: color, opacity: 0.15, class: "band" }, svg);
+    }
+    el("path", { d: path(pts.map(([t, a]) => [t, a.diff]), sx, sy), fill: "none", stroke: color, "stroke-width": 2, class: "series diff" }, svg);
+    const a = pts[pts.length - 1][1];
+    const lo = a.lower === undefined ? "…" : a.lower.toFixed(4), hi = a.upper === undefined ? "…" : a.upper.toFixed(4);
+    const verdict = a.lower > 0 ? "better" : a.upper < 0 ? "worse" : "not yet decided";
+    lines.push(`${k}: ${a.diff.toFixed(4)} [${lo}, ${hi}] — ${verdict}`);
+  });
+  text.textContent = lines.join("  ·  ");
+}
+
+function drawRequests(snap, variants) {
+  const svg = document.getElementById("requests-chart");
+  const values = variants.map((v) => snap.requests[v] || 0);
+  const { sx, sy } = frame(svg, [0, variants.length], [0, Math.max(1, ...values) * 1.1], () => "", (v) => Math.round(v).toString());
+  variants.forEach((v, i) => {
+    const x = sx(i + 0.2), w = sx(i + 0.8) - x;
+    el("rect", { x, y: sy(values[i]), width: w, height: sy(0) - sy(values[i]), fill: COLORS[i % COLORS.length], class: "bar" }, svg);
+    el("text", { x: x + w / 2, y: sy(0) + 16, "text-anchor": "middle", class: "tick" }, svg, `${v} (${values[i]})`);
+  });
+}
+
+function drawPropensity(snap) {
+  const svg = document.getElementById("propensity-chart");
+  const text = document.getElementById("propensity-text");
+  const curves = Object.entries(snap.propensity);
+  if (!curves.length) { svg.replaceChildren(); text.textContent = "estimation off (set propensity.estimator)"; return; }
+  const width = Math.max(...curves.map(([, c]) => c.length));
+  const { sx, sy } = frame(svg, [1, width], [0, 1.05], (x) => Math.round(x).toString(), fixed(2));
+  curves.forEach(([name, curve], i) => {
+    const pts = curve.map((v, k) => [k + 1, v]);
+    el("path", { d: path(pts, sx, sy), fill: "none", stroke: COLORS[(i + 2) % COLORS.length], "stroke-width": 2, class: "series propensity", "data-estimator": name }, svg);
+    for (const [x, y] of pts) el("circle", { cx: sx(x), cy: sy(y), r: 2.5, fill: COLORS[(i + 2) % COLORS.length] }, svg);
+  });
+  text.textContent = curves.map(([name], i) => `${name}: η = ${(snap.eta[name] ?? NaN).toFixed(3)}`).join("  ·  ");
+}
+
+function drawHealth(snap) {
+  const rows = Object.entries(snap.health).map(([k, v]) => `<tr><td>${k.replaceAll("_", " ")}</td><td class="num">${Number.isInteger(v) ? v : v.toFixed(2)}</td></tr>`);
+  document.getElementById("health").innerHTML = rows.join("");
+}
+
+async function refresh() {
+  const status = document.getElementById("status");
+  try {
+    const reply = await fetch("/api/dashboard", { cache: "no-store" });
+    const data = await reply.json();
+    const snaps = data.snapshots.filter((s) => Object.keys(s.ndcg).length);
+    document.querySelectorAll(".k").forEach((n) => (n.textContent = data.k));
+    document.querySelectorAll(".window").forEach((n) => (n.textContent = data.window));
+    const latest = data.snapshots[data.snapshots.length - 1];
+    if (latest) drawHealth(latest);
+    if (!snaps.length) { status.textContent = "waiting for the first finalised requests…"; return; }
+    const last = snaps[snaps.length - 1];
+    const variants = Object.keys(last.ndcg).sort();
+    drawNdcg(snaps, variants);
+    drawAb(snaps);
+    drawRequests(last, variants);
+    drawPropensity(last);
+    status.textContent = `live · updated ${clock(last.t)}`;
+    status.className = "status ok";
+    document.body.dataset.ready = "true";
+  } catch (err) {
+    status.textContent = `cannot reach the evaluator: ${err}`;
+    status.className = "status";
+  }
+}
+
+refresh();
+setInterval(refresh, 2000);

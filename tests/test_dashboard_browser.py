@@ -1,0 +1,93 @@
+"""The demo's dashboard page in headless Chromium (Debian's chromium + chromedriver):
+it loads, receives live data, renders charts with values, and is saved as a screenshot."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+from evaluator.commands.demo import demo_tree, run_demo
+from evaluator.config import load_settings
+from tests.live import free_port
+
+SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "img" / "dashboard.png"
+
+
+@pytest.fixture
+def demo_server():
+    port = free_port()
+    settings = load_settings(environ={}, overrides=demo_tree({"http": {"port": port}}))
+    stop = threading.Event()
+    worker = threading.Thread(
+        target=run_demo, args=(settings,), kwargs={"stop": stop, "requests_per_s": 400.0}
+    )
+    worker.start()
+    yield f"http://127.0.0.1:{port}/"
+    stop.set()
+    worker.join(timeout=30)
+
+
+def _driver():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if not chromium or not driver:
+        pytest.fail("chromium is missing: apt-get install -y chromium chromium-driver")
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--window-size=1280,1100",
+    ):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service(driver), options=options)
+
+
+def test_dashboard_renders_live_values(demo_server, tmp_path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser = _driver()
+    try:
+        browser.get(demo_server)
+        wait = WebDriverWait(browser, 60, poll_frequency=0.5)
+        wait.until(lambda b: b.execute_script("return document.body.dataset.ready") == "true")
+        # ... and until the A/B band and both variants' lines are drawn
+        wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "#ab-chart path.band")) >= 1)
+        # ... and until every nDCG line (raw and adjusted, both variants) has several points
+        wait.until(
+            lambda b: all(
+                "L" in (p.get_attribute("d") or "")
+                for p in b.find_elements(By.CSS_SELECTOR, "#ndcg-chart path.series")
+            )
+        )
+        lines = browser.find_elements(By.CSS_SELECTOR, "#ndcg-chart path.series")
+        assert len(lines) == 4
+        assert {line.get_attribute("data-variant") for line in lines} == {"control", "treatment"}
+        assert all(len(line.get_attribute("d")) > 10 for line in lines)
+        legend = browser.find_element(By.ID, "ndcg-legend").text
+        assert "control: raw 0." in legend and "treatment: raw 0." in legend
+        bars = browser.find_elements(By.CSS_SELECTOR, "#requests-chart rect.bar")
+        assert len(bars) == 2 and all(float(b.get_attribute("height")) > 0 for b in bars)
+        health = browser.find_element(By.ID, "health").text
+        assert "consumed" in health and "finalised" in health
+        assert browser.find_elements(By.CSS_SELECTOR, "#propensity-chart path.series")
+        assert "live" in browser.find_element(By.ID, "status").text
+        shot = tmp_path / "dashboard.png"
+        assert browser.save_screenshot(str(shot))
+        assert shot.stat().st_size > 10_000
+        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shot, SCREENSHOT)
+    finally:
+        browser.quit()
