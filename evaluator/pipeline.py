@@ -60,6 +60,9 @@ class Rejected:
     event: InvalidEvent
 
 
+ESTIMATE_EVERY_S = 30.0
+"""How often the live pipeline re-fits the propensity curve offered to new window buckets."""
+
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -118,6 +121,7 @@ class Pipeline:
         self.config = settings.finalise_config()
         self.estimated = settings.propensity.estimated
         self._curves: dict[int, FinaliseConfig] = {}
+        self._estimated: tuple[float, tuple[float, ...] | None] | None = None
         self.profile = settings.relevance.active()
         self.max_list_length = settings.events.max_list_length
         self.max_ooo_ms = settings.event_time.ms("max_out_of_orderness")
@@ -236,13 +240,21 @@ class Pipeline:
             groups.setdefault(start, []).append(request)
         return [(self._bucket_config(start), group) for start, group in groups.items()]
 
+    def _estimate(self) -> tuple[float, ...] | None:
+        """The estimator's current curve, re-fitted at most every ESTIMATE_EVERY_S seconds
+        (an EM fit over a large table takes a fraction of a second)."""
+        now = time.monotonic()
+        if self._estimated is None or now - self._estimated[0] >= ESTIMATE_EVERY_S:
+            p = self.settings.propensity
+            counts = self.store.propensity_counts()
+            fitted = estimate(counts, p.estimator_name, p.positions, p.min_clicks).curve()
+            self._estimated = (now, fitted)
+        return self._estimated[1]
+
     def _bucket_config(self, bucket_ms: int) -> FinaliseConfig:
         config = self._curves.get(bucket_ms)
         if config is None:
-            p = self.settings.propensity
-            current = estimate(
-                self.store.propensity_counts(), p.estimator_name, p.positions, p.min_clicks
-            ).curve()
+            current = self._estimate()
             curve = self.store.propensity_curve(bucket_ms, current) if current else None
             config = self.settings.finalise_config(curve)
             if len(self._curves) > 64:
