@@ -11,6 +11,7 @@ from typing import Any
 
 from evaluator import __version__
 from evaluator.config import ConfigError, Settings, load_settings, masked
+from evaluator.logs import setup_logging
 
 
 class UsageError(Exception):
@@ -53,16 +54,35 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _service_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """CLI flags for the common service settings (they win over file and environment)."""
+    tree: dict[str, Any] = {}
+    for flag, section, key in (
+        ("bootstrap_servers", "kafka", "bootstrap_servers"),
+        ("group_id", "kafka", "group_id"),
+        ("redis_url", "redis", "url"),
+        ("port", "http", "port"),
+    ):
+        value = getattr(args, flag, None)
+        if value is not None:
+            tree.setdefault(section, {})[key] = value
+    return tree
+
+
+def _add_service_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (kafka.bootstrap_servers)")
+    p.add_argument("--group-id", help="Kafka consumer group (kafka.group_id)")
+    p.add_argument("--redis-url", help="redis://host:port/db (redis.url)")
+    p.add_argument("--port", type=int, help="/metrics and dashboard port (http.port)")
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
-    import logging
     import threading
 
     from evaluator.commands.run import install_signal_handlers, run
 
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    settings = load_settings(args.config)
+    setup_logging()
+    settings = load_settings(args.config, overrides=_service_overrides(args))
     stop = threading.Event()
     install_signal_handlers(stop)
     return run(settings, stop)
@@ -154,9 +174,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from evaluator.config import load_tree
     from evaluator.stores.base import StateStore
 
-    overrides: dict[str, Any] = {}
-    if args.port is not None:
-        overrides["http"] = {"port": args.port}
+    overrides = _service_overrides(args)
     settings = load_settings(None, overrides=demo_tree(load_tree(args.config, overrides=overrides)))
     stop = threading.Event()
     install_signal_handlers(stop)
@@ -212,7 +230,7 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         parents=[_config_option()],
         help="simulated traffic through the live pipeline, with a dashboard page (no services)",
     )
-    p.add_argument("--port", type=int, help="dashboard and /metrics port (default 8000)")
+    _add_service_flags(p)
     p.add_argument("--rate", type=float, default=300.0, help="requests/s (default 300)")
     p.add_argument("--speed", type=float, default=20.0, help="event time vs wall clock")
     p.add_argument("--requests", type=int, help="stop after this many requests")
@@ -298,6 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[_config_option()],
         help="consume Kafka, keep state in Redis, maintain sliding-window metrics",
     )
+    _add_service_flags(run)
     run.set_defaults(func=_cmd_run)
     schema = sub.add_parser("schema", help="print or write the JSON Schemas of the events")
     schema.add_argument("--out-dir", type=Path, help="write <name>.schema.json files here")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -422,7 +423,23 @@ def build_settings(tree: Mapping[str, Any]) -> Settings:
         assert match is not None
         path = match.group("path") or "(top level)"
         message = match.group("msg").replace("Object contains unknown field", "unknown key")
+        allowed = _allowed_values(path)
+        if allowed and "allowed" not in message:
+            message += f" (allowed: {', '.join(allowed)})"
         raise ConfigError(f"invalid configuration at {path}: {message}") from None
+
+
+def _allowed_values(path: str) -> list[str]:
+    """The literal choices of the setting at ``path`` (e.g. ``metrics.gain``), if any."""
+    node: Any = Settings
+    for part in path.split("."):
+        hints = typing.get_type_hints(node) if isinstance(node, type) else {}
+        if part not in hints:
+            return []
+        node = hints[part]
+    if typing.get_origin(node) is Literal:
+        return [str(v) for v in typing.get_args(node)]
+    return []
 
 
 def load_tree(

@@ -242,9 +242,11 @@ class Pipeline:
 
     def _estimate(self) -> tuple[float, ...] | None:
         """The estimator's current curve, re-fitted at most every ESTIMATE_EVERY_S seconds
-        (an EM fit over a large table takes a fraction of a second)."""
+        (an EM fit over a large table takes a fraction of a second); until a curve
+        exists, at every new bucket."""
         now = time.monotonic()
-        if self._estimated is None or now - self._estimated[0] >= ESTIMATE_EVERY_S:
+        cached = self._estimated
+        if cached is None or cached[1] is None or now - cached[0] >= ESTIMATE_EVERY_S:
             p = self.settings.propensity
             counts = self.store.propensity_counts()
             fitted = estimate(counts, p.estimator_name, p.positions, p.min_clicks).curve()

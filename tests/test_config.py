@@ -1,5 +1,6 @@
 import pytest
 
+from evaluator.cli import main
 from evaluator.config import ConfigError, env_overrides, load_settings
 from evaluator.propensity import PowerLaw
 
@@ -89,3 +90,64 @@ def test_example_file_documents_exactly_the_defaults() -> None:
     example = Path(__file__).resolve().parents[1] / "evaluator.example.toml"
     documented = load_settings(example, environ={})
     assert msgspec.to_builtins(documented) == msgspec.to_builtins(load_settings(environ={}))
+
+
+@pytest.mark.parametrize(
+    ("env", "key", "allowed"),
+    [
+        ({"EVALUATOR_METRICS__GAIN": "cubic"}, "metrics.gain", "exponential, linear"),
+        (
+            {"EVALUATOR_PROPENSITY__ESTIMATOR": "magic"},
+            "propensity.estimator",
+            "none, randomized, harvesting, em",
+        ),
+    ],
+)
+def test_bad_choice_names_the_key_and_the_allowed_values(env, key, allowed) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(environ=env)
+    message = str(info.value)
+    assert key in message and f"allowed: {allowed}" in message and "\n" not in message
+
+
+def test_config_check_exits_2_with_one_line(monkeypatch, capsys) -> None:
+    monkeypatch.setenv("EVALUATOR_KAFKA__AUTO_OFFSET_RESET", "middle")
+    assert main(["config", "check"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "kafka.auto_offset_reset" in err and "earliest" in err
+
+
+def test_estimated_propensity_needs_an_estimator() -> None:
+    with pytest.raises(ConfigError, match="estimator"):
+        load_settings(environ={"EVALUATOR_PROPENSITY__MODEL": "estimated"})
+
+
+def test_cli_flags_override_file_and_environment(monkeypatch) -> None:
+    from evaluator.cli import _service_overrides, build_parser
+
+    args = build_parser().parse_args(["run", "--redis-url", "redis://r:1/2", "--port", "9"])
+    monkeypatch.setenv("EVALUATOR_REDIS__URL", "redis://env:6379/0")
+    settings = load_settings(overrides=_service_overrides(args))
+    assert (settings.redis.url, settings.http.port) == ("redis://r:1/2", 9)
+
+
+def test_logs_are_json_lines_when_not_on_a_terminal() -> None:
+    import io
+    import json
+    import logging
+
+    from evaluator.logs import setup_logging
+
+    stream = io.StringIO()
+    handler = setup_logging(stream=stream)
+    try:
+        logging.getLogger("evaluator.test").warning("lag is %d", 42)
+        entry = json.loads(stream.getvalue().strip())
+        assert entry["level"] == "warning" and entry["message"] == "lag is 42"
+        assert entry["logger"] == "evaluator.test" and entry["time"].endswith("+00:00")
+        text = io.StringIO()
+        setup_logging(stream=text, fmt="text")
+        logging.getLogger("evaluator.test").info("plain")
+        assert "INFO evaluator.test: plain" in text.getvalue()
+    finally:
+        logging.getLogger().removeHandler(handler)
