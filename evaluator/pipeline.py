@@ -246,12 +246,13 @@ class Pipeline:
         exists, at every new bucket."""
         now = time.monotonic()
         cached = self._estimated
-        if cached is None or cached[1] is None or now - cached[0] >= ESTIMATE_EVERY_S:
-            p = self.settings.propensity
-            counts = self.store.propensity_counts()
-            fitted = estimate(counts, p.estimator_name, p.positions, p.min_clicks).curve()
-            self._estimated = (now, fitted)
-        return self._estimated[1]
+        if cached is not None and cached[1] is not None and now - cached[0] < ESTIMATE_EVERY_S:
+            return cached[1]
+        p = self.settings.propensity
+        counts = self.store.propensity_counts()
+        fitted = estimate(counts, p.estimator_name, p.positions, p.min_clicks).curve()
+        self._estimated = (now, fitted)
+        return fitted
 
     def _bucket_config(self, bucket_ms: int) -> FinaliseConfig:
         config = self._curves.get(bucket_ms)
