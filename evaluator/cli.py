@@ -95,6 +95,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from evaluator.commands.simulate import FileSink, config_from_args, simulate, write_truth
 
     settings = load_settings(args.config)
+    setup_logging()
     options = {
         "eta": args.eta,
         "mode": args.mode,
@@ -176,6 +177,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     overrides = _service_overrides(args)
     settings = load_settings(None, overrides=demo_tree(load_tree(args.config, overrides=overrides)))
+    setup_logging()
     stop = threading.Event()
     install_signal_handlers(stop)
     print(
