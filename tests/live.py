@@ -47,6 +47,7 @@ class LiveEnv:
             "EVALUATOR_EVENT_TIME__IDLE_TIMEOUT": "2s",
             "EVALUATOR_KAFKA__SESSION_TIMEOUT": "10s",
             "EVALUATOR_HTTP__REFRESH_INTERVAL": "1s",
+            "EVALUATOR_PROPENSITY__ESTIMATOR": "em",
         }
 
     def settings(self) -> Settings:

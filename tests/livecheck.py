@@ -10,9 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from evaluator.commands.replay import evaluate_files
+from evaluator.commands.replay import evaluate_files, load_events
 from evaluator.config import Settings
 from evaluator.pipeline import PartitionBatch, Pipeline
+from evaluator.propensity_estimation import increments
+from evaluator.replay import attribute, dedupe_impressions
+from evaluator.replay import observations as observations_of
 from evaluator.stores.base import StateStore
 from tests.eventgen import EventSet
 
@@ -107,6 +110,10 @@ def compare_with_replay(
 ) -> dict[str, Any]:
     imp, inter = events.write(directory)
     report = evaluate_files(imp, inter, settings, progress=False)
+    if settings.propensity.collect:
+        # the estimators' counters: each finalised request counted exactly once
+        expected = expected_propensity_counts(imp, inter, settings)
+        assert expected and store.propensity_counts() == expected
     layout = settings.layout()
     columns = layout.columns()
     totals = live_totals(store, max(layout.windows_ms))
@@ -131,3 +138,16 @@ def compare_with_replay(
                     k,
                 )
     return report
+
+
+def expected_propensity_counts(imp: Path, inter: Path, settings: Settings) -> dict[str, int]:
+    """Propensity counters replay derives from the same events (without the sentinel)."""
+    imps, ints, _ = load_events(imp, inter, settings, progress=False)
+    requests = dedupe_impressions(imps)
+    attribution = attribute(requests, ints, settings)
+    observations = [
+        obs
+        for obs, event in zip(observations_of(requests, attribution), requests.events, strict=True)
+        if event.variant != SENTINEL_VARIANT
+    ]
+    return dict(increments(observations, settings.propensity.positions))
