@@ -81,8 +81,13 @@ def committed(admin: KafkaAdminClient, group: str) -> int:
     return sum(meta.offset for meta in offsets.values() if meta.offset > 0)
 
 
+ESTIMATOR = "none"
+"""propensity.estimator of the measured evaluator (``--estimator``)."""
+
+
 def evaluator_rate(bootstrap: str, redis_url: str, name: str, total: int, log: Path) -> float:
     env = {
+        "EVALUATOR_PROPENSITY__ESTIMATOR": ESTIMATOR,
         **os.environ,
         "EVALUATOR_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
         "EVALUATOR_KAFKA__IMPRESSIONS_TOPIC": f"{name}-impressions",
@@ -134,7 +139,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=60_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--estimator",
+        default="none",
+        choices=["none", "randomized", "harvesting", "em"],
+        help="propensity estimation on (its counters cost one HINCRBY per shown position)",
+    )
+    parser.add_argument("--skip-memory", action="store_true")
     args = parser.parse_args()
+    global ESTIMATOR  # noqa: PLW0603 - a benchmark knob
+    ESTIMATOR = args.estimator
     bootstrap = os.environ["KAFKA_BOOTSTRAP_SERVERS"]
     redis_url = os.environ["REDIS_URL"]
     imps, ints = events(args.requests)
@@ -150,7 +164,11 @@ def main() -> None:
                 f"  run {i + 1}: raw {raws[-1]:,.0f} ev/s, evaluator {evals[-1]:,.0f} ev/s, "
                 f"ratio {evals[-1] / raws[-1]:.2f}"
             )
-        mem = memory_per_request(bootstrap, redis_url, 20_000, Path(tmp) / "mem.log")
+        mem = (
+            0.0
+            if args.skip_memory
+            else memory_per_request(bootstrap, redis_url, 20_000, Path(tmp) / "mem.log")
+        )
     raw, ev = statistics.median(raws), statistics.median(evals)
     print(f"machine: {machine()}")
     print(
@@ -158,6 +176,7 @@ def main() -> None:
     )
     print(f"  raw kafka-python consumption: {raw:10,.0f} events/s (the ceiling)")
     print(f"  evaluator run              : {ev:10,.0f} events/s  -> {ev / raw:.2f} of the ceiling")
+    print(f"  propensity.estimator       : {args.estimator}")
     print(f"  Redis memory per open request (20 items): {mem:,.0f} bytes")
 
 

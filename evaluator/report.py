@@ -137,7 +137,11 @@ def build_report(
             "k": list(ks),
             "gain": settings.metrics.gain,
             "relevance": settings.relevance.profile,
-            "propensity": settings.propensity.build().name,
+            "propensity": (
+                f"estimated:{settings.propensity.estimator_name}"
+                if settings.propensity.estimated
+                else settings.propensity.build().name
+            ),
             "zero_relevance": policy,
             "attribution_window_ms": settings.join.rules().attribution_window_ms,
         },

@@ -68,7 +68,9 @@ function drawNdcg(snaps, variants) {
     }
     const last = snaps[snaps.length - 1].ndcg[v] || {};
     const span = document.createElement("span");
-    span.innerHTML = `<i class="swatch" style="background:${color}"></i>${v}: raw <b>${(last.raw ?? NaN).toFixed(4)}</b>, adjusted <b>${(last.adjusted ?? NaN).toFixed(4)}</b>`;
+    const t = (((window.__truth || {}).ndcg || {})[v] || {})[`@${document.querySelector(".k").textContent}`];
+    const truth = t ? ` (simulator truth: raw ${t.raw.toFixed(3)}, debiased ${t.debiased.toFixed(3)})` : "";
+    span.innerHTML = `<i class="swatch" style="background:${color}"></i>${v}: raw <b>${(last.raw ?? NaN).toFixed(4)}</b>, adjusted <b>${(last.adjusted ?? NaN).toFixed(4)}</b>${truth}`;
     legend.appendChild(span);
   });
 }
@@ -124,12 +126,24 @@ function drawPropensity(snap) {
     el("path", { d: path(pts, sx, sy), fill: "none", stroke: COLORS[(i + 2) % COLORS.length], "stroke-width": 2, class: "series propensity", "data-estimator": name }, svg);
     for (const [x, y] of pts) el("circle", { cx: sx(x), cy: sy(y), r: 2.5, fill: COLORS[(i + 2) % COLORS.length] }, svg);
   });
-  text.textContent = curves.map(([name], i) => `${name}: η = ${(snap.eta[name] ?? NaN).toFixed(3)}`).join("  ·  ");
+  text.replaceChildren();
+  curves.forEach(([name], i) => {
+    const span = document.createElement("span");
+    span.innerHTML = `<i class="swatch" style="background:${COLORS[(i + 2) % COLORS.length]}"></i>${name}: fitted η = <b>${(snap.eta[name] ?? NaN).toFixed(3)}</b> `;
+    text.appendChild(span);
+  });
+  const truth = (window.__truth || {}).propensity;
+  if (truth) {
+    el("path", { d: path(truth.map((v, k) => [k + 1, v]), sx, sy), fill: "none", stroke: "#888", "stroke-dasharray": "4 3", class: "truth" }, svg);
+    const span = document.createElement("span");
+    span.innerHTML = `<i class="swatch" style="background:#888"></i>simulator truth (η = ${window.__truth.eta})`;
+    text.appendChild(span);
+  }
 }
 
 function drawHealth(snap) {
-  const rows = Object.entries(snap.health).map(([k, v]) => `<tr><td>${k.replaceAll("_", " ")}</td><td class="num">${Number.isInteger(v) ? v : v.toFixed(2)}</td></tr>`);
-  document.getElementById("health").innerHTML = rows.join("");
+  const items = Object.entries(snap.health).map(([k, v]) => `<div>${k.replaceAll("_", " ")}: <b>${Number.isInteger(v) ? v : v.toFixed(2)}</b></div>`);
+  document.getElementById("health").innerHTML = items.join("");
 }
 
 async function refresh() {
@@ -137,6 +151,7 @@ async function refresh() {
   try {
     const reply = await fetch("/api/dashboard", { cache: "no-store" });
     const data = await reply.json();
+    window.__truth = data.truth;
     const snaps = data.snapshots.filter((s) => Object.keys(s.ndcg).length);
     document.querySelectorAll(".k").forEach((n) => (n.textContent = data.k));
     document.querySelectorAll(".window").forEach((n) => (n.textContent = data.window));
