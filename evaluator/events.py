@@ -123,6 +123,31 @@ class InteractionBatch:
         return np.asarray(self.grade, dtype=np.float64)
 
 
+@dataclass(slots=True)
+class InteractionColumns:
+    """Valid interactions as plain columns (cheap to pass between processes);
+    ``request_id`` is empty when the event had none."""
+
+    event_id: list[str] = field(default_factory=list)
+    user_id: list[str] = field(default_factory=list)
+    item_id: list[str] = field(default_factory=list)
+    request_id: list[str] = field(default_factory=list)
+    timestamp_ms: list[int] = field(default_factory=list)
+    grade: list[float] = field(default_factory=list)
+
+    def extend(self, batch: InteractionBatch) -> None:
+        events = batch.events
+        self.event_id += [e.event_id for e in events]
+        self.user_id += [e.user_id for e in events]
+        self.item_id += [e.item_id for e in events]
+        self.request_id += [e.request_id or "" for e in events]
+        self.timestamp_ms += batch.timestamp_ms
+        self.grade += batch.grade
+
+    def __len__(self) -> int:
+        return len(self.event_id)
+
+
 _IMPRESSION_DECODER = msgspec.json.Decoder(Impression)
 _INTERACTION_DECODER = msgspec.json.Decoder(Interaction)
 

@@ -16,7 +16,7 @@ import numpy.typing as npt
 from evaluator.aggregate import Moments, group_moments
 from evaluator.cohort import COLD_START, ESTABLISHED, cohort_codes, earlier_counts
 from evaluator.config import Settings
-from evaluator.events import Impression, ImpressionBatch, InteractionBatch
+from evaluator.events import Impression, ImpressionBatch, InteractionColumns
 from evaluator.join import JoinOutcome, join_by_request, join_by_user
 from evaluator.propensity_estimation import Estimate, Observation, estimate_all, increments
 from evaluator.scoring import RequestScores, score_sparse
@@ -79,46 +79,56 @@ def _user_impressions(requests: Requests, user: str) -> UserImpressions:
 
 
 def attribute(
-    requests: Requests, interactions: InteractionBatch, settings: Settings
+    requests: Requests, interactions: InteractionColumns, settings: Settings
 ) -> Attribution:
     """Apply the join rules to every interaction, ignoring duplicate event ids."""
     rules = settings.join.rules()
     events, times = requests.events, requests.timestamp_ms
+    by_request = requests.by_request
     user_cache: dict[str, UserImpressions] = {}
     result = Attribution()
     outcomes: Counter[str] = result.outcomes
+    rows, positions, grades = result.row, result.position, result.grade
+    relevant_user, relevant_ms = result.relevant_user, result.relevant_ms
+    attributed = JoinOutcome.ATTRIBUTED
     seen: set[str] = set()
-    for event, ts, grade in zip(
-        interactions.events, interactions.timestamp_ms, interactions.grade, strict=True
+    for event_id, user_id, item_id, request_id, ts, grade in zip(
+        interactions.event_id,
+        interactions.user_id,
+        interactions.item_id,
+        interactions.request_id,
+        interactions.timestamp_ms,
+        interactions.grade,
+        strict=True,
     ):
-        if event.event_id in seen:
+        if event_id in seen:
             result.duplicates += 1
             continue
-        seen.add(event.event_id)
+        seen.add(event_id)
         if grade > 0:
-            result.relevant_user.append(event.user_id)
-            result.relevant_ms.append(ts)
-        if event.request_id:
-            row = requests.by_request.get(event.request_id, -1)
+            relevant_user.append(user_id)
+            relevant_ms.append(ts)
+        if request_id:
+            row = by_request.get(request_id, -1)
             known = row >= 0
             outcome, pos = join_by_request(
-                event.item_id,
+                item_id,
                 ts,
                 times[row] if known else None,
                 events[row].items if known else None,
                 rules,
             )
         else:
-            mine = user_cache.get(event.user_id)
+            mine = user_cache.get(user_id)
             if mine is None:
-                mine = user_cache[event.user_id] = _user_impressions(requests, event.user_id)
-            outcome, idx, pos = join_by_user(event.item_id, ts, mine[0], mine[1], rules)
+                mine = user_cache[user_id] = _user_impressions(requests, user_id)
+            outcome, idx, pos = join_by_user(item_id, ts, mine[0], mine[1], rules)
             row = mine[2][idx] if idx >= 0 else -1
         outcomes[outcome] += 1
-        if outcome == JoinOutcome.ATTRIBUTED:
-            result.row.append(row)
-            result.position.append(pos)
-            result.grade.append(grade)
+        if outcome == attributed:
+            rows.append(row)
+            positions.append(pos)
+            grades.append(grade)
     return result
 
 
@@ -164,15 +174,48 @@ def estimate_propensities(
     return estimate_all(counts, p.positions, p.min_clicks)
 
 
+VariantCodes = tuple[list[str], I64]
+"""Variant names in sorted order, and each request's index into them."""
+
+
+def variant_codes(requests: Requests) -> VariantCodes:
+    return _codes([e.variant for e in requests.events])
+
+
+def cohorts(requests: Requests, relevant_user: list[str], relevant_ms: list[int], cap: int) -> I64:
+    """Cohort code of each request from its user's relevant interactions before it."""
+    n = len(requests.events)
+    _, codes = _codes([e.user_id for e in requests.events] + relevant_user)
+    request_ms = np.asarray(requests.timestamp_ms, dtype=np.int64)
+    history_ms = np.asarray(relevant_ms, dtype=np.int64)
+    earlier = earlier_counts(codes[n:], history_ms, codes[:n], request_ms, cap)
+    return cohort_codes(earlier, cap)
+
+
+def relevant_history(interactions: InteractionColumns) -> tuple[list[str], list[int]]:
+    """User and time of every first-seen interaction with grade > 0 (the cold-start
+    history; the same events :func:`attribute` collects)."""
+    first: dict[str, int] = {}
+    for index, event_id in enumerate(interactions.event_id):
+        first.setdefault(event_id, index)
+    grade, users, times = interactions.grade, interactions.user_id, interactions.timestamp_ms
+    rows = [i for i in first.values() if grade[i] > 0]
+    return [users[i] for i in rows], [times[i] for i in rows]
+
+
 def score(
     requests: Requests,
     attribution: Attribution,
     settings: Settings,
+    *,
     curve: tuple[float, ...] | None = None,
+    variants: VariantCodes | None = None,
+    cohort: I64 | None = None,
 ) -> ScoredRequests:
     """Finalise every request: grades, scores, variant and cohort.
 
-    ``curve`` is the propensity curve when the model is ``estimated``."""
+    ``curve`` is the propensity curve when the model is ``estimated``; ``cohort``
+    the result of :func:`cohorts` when the caller computed it already."""
     events = requests.events
     n = len(events)
     scores = score_sparse(
@@ -182,15 +225,11 @@ def score(
         np.asarray(attribution.grade, dtype=np.float64),
         settings.scoring(curve),
     )
-    variant_names, variant = _codes([e.variant for e in events])
-    users = [e.user_id for e in events]
-    _, codes = _codes(users + attribution.relevant_user)
-    request_user, history_user = codes[:n], codes[n:]
-    request_ms = np.asarray(requests.timestamp_ms, dtype=np.int64)
-    cap = settings.cold_start.min_relevant_history
-    history_ms = np.asarray(attribution.relevant_ms, dtype=np.int64)
-    earlier = earlier_counts(history_user, history_ms, request_user, request_ms, cap)
-    return ScoredRequests(requests, scores, variant_names, variant, cohort_codes(earlier, cap))
+    variant_names, variant = variants or variant_codes(requests)
+    if cohort is None:
+        cap = settings.cold_start.min_relevant_history
+        cohort = cohorts(requests, attribution.relevant_user, attribution.relevant_ms, cap)
+    return ScoredRequests(requests, scores, variant_names, variant, cohort)
 
 
 def moments_by_variant_cohort(scored: ScoredRequests) -> tuple[Moments, Moments]:
@@ -208,8 +247,11 @@ __all__ = [
     "Requests",
     "ScoredRequests",
     "attribute",
+    "cohorts",
     "dedupe_impressions",
     "estimate_propensities",
     "moments_by_variant_cohort",
+    "relevant_history",
     "score",
+    "variant_codes",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,6 +12,7 @@ import numpy as np
 
 from evaluator.aggregate import Moments
 from evaluator.config import Settings
+from evaluator.events import Impression
 from evaluator.metrics.composite import composite_score
 from evaluator.metrics.setlevel import (
     coverage,
@@ -18,7 +20,7 @@ from evaluator.metrics.setlevel import (
     encode_top,
     intra_list_diversity,
 )
-from evaluator.replay import ScoredRequests, moments_by_variant_cohort
+from evaluator.replay import ScoredRequests, VariantCodes, moments_by_variant_cohort
 from evaluator.scoring import METRICS, RequestScores
 
 COHORT_NAMES = {1: "cold_start", 2: "established"}
@@ -51,14 +53,16 @@ def _metric_block(moments: Moments, group: int, ks: tuple[int, ...], policy: str
     return block
 
 
-def set_level(scored: ScoredRequests, settings: Settings) -> dict[str, dict[str, Any]]:
-    """Coverage@K and intra-list diversity@K per variant."""
-    events = scored.requests.events
+def set_level(
+    events: Sequence[Impression], variants: VariantCodes, settings: Settings
+) -> dict[str, dict[str, Any]]:
+    """Coverage@K and intra-list diversity@K per variant (of the deduplicated requests)."""
+    variant_names, variant = variants
     lists = [e.items for e in events]
     ks = settings.metrics.k
     per_variant = [
-        [lists[r] for r in np.flatnonzero(scored.variant == code).tolist()]
-        for code in range(len(scored.variant_names))
+        [lists[r] for r in np.flatnonzero(variant == code).tolist()]
+        for code in range(len(variant_names))
     ]
     full_sets = [distinct_items(mine) for mine in per_variant]
     catalog = settings.metrics.catalog_size or len(set().union(*full_sets))
@@ -67,8 +71,8 @@ def set_level(scored: ScoredRequests, settings: Settings) -> dict[str, dict[str,
     if any(e.item_attributes for e in events):
         attrs = encode_top([(e.item_attributes or {}).get(attribute, []) for e in events], max(ks))
     out: dict[str, dict[str, Any]] = {}
-    for code, variant in enumerate(scored.variant_names):
-        rows = np.flatnonzero(scored.variant == code)
+    for code, name in enumerate(variant_names):
+        rows = np.flatnonzero(variant == code)
         longest = max(map(len, per_variant[code]), default=0)
         cov = {
             str(k): coverage(
@@ -82,7 +86,7 @@ def set_level(scored: ScoredRequests, settings: Settings) -> dict[str, dict[str,
             ild = intra_list_diversity(attrs[rows, :k])  # type: ignore[index]
             if np.isfinite(ild).any():
                 div[str(k)] = float(np.nanmean(ild))
-        out[variant] = {"coverage": cov, "diversity": div, "catalog_size": catalog}
+        out[name] = {"coverage": cov, "diversity": div, "catalog_size": catalog}
     return out
 
 
@@ -102,12 +106,19 @@ def build_report(
     duplicates: int,
     counts: EventCounts,
     settings: Settings,
+    *,
+    setlevel: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The replay report; its keys are a contract other tools read (see docs/replay.md)."""
+    """The replay report; its keys are a contract other tools read (see docs/replay.md).
+
+    ``setlevel`` is :func:`set_level`'s result when the caller computed it already."""
     ks = tuple(settings.metrics.k)
     policy = settings.metrics.zero_relevance
     overall, by_cohort = moments_by_variant_cohort(scored)
-    setlevel = set_level(scored, settings)
+    if setlevel is None:
+        setlevel = set_level(
+            scored.requests.events, (scored.variant_names, scored.variant), settings
+        )
     variants: dict[str, Any] = {}
     for code, name in enumerate(scored.variant_names):
         block = _metric_block(overall, code, ks, policy)

@@ -132,3 +132,32 @@ def test_usage_errors_exit_2_with_one_line(args: list[str]) -> None:
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("evaluator: error:")
     assert proc.stdout == ""
+
+
+def test_parallel_replay_gives_the_same_report(tmp_path, monkeypatch) -> None:
+    """Large inputs are decoded and summarised in forked processes; the report must not
+    change. Thresholds are lowered so the small example takes that path."""
+    from evaluator.commands import replay as command
+    from evaluator.config import load_settings
+
+    events = generate(21)
+    events.interactions.append({"event_id": "bad", "type": "click"})  # an invalid line
+    imp, inter = events.write(tmp_path)
+    settings = load_settings(environ={})
+    sequential = command.evaluate_files(imp, inter, settings, progress=False)
+    monkeypatch.setattr(command, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(command, "PARALLEL_MIN_REQUESTS", 0)
+    forked = command.evaluate_files(imp, inter, settings, progress=False)
+    assert forked == sequential
+    assert forked["events"]["invalid"] == 1
+
+
+def test_forked_errors_reach_the_parent() -> None:
+    from evaluator.forked import Forked
+
+    def boom() -> int:
+        raise ValueError("no such thing")
+
+    with pytest.raises(RuntimeError, match="ValueError: no such thing"):
+        Forked(boom).result()
+    assert Forked(lambda: [1, 2]).result() == [1, 2]

@@ -16,14 +16,26 @@ from tqdm import tqdm
 from evaluator.config import Settings
 from evaluator.events import (
     ImpressionBatch,
-    InteractionBatch,
+    InteractionColumns,
     InvalidEvent,
     decode_impressions,
     decode_interactions,
 )
+from evaluator.forked import Forked
 from evaluator.propensity_estimation import Estimate
-from evaluator.replay import attribute, dedupe_impressions, estimate_propensities, score
-from evaluator.report import EventCounts, build_report, render_table
+from evaluator.replay import (
+    I64,
+    Requests,
+    VariantCodes,
+    attribute,
+    cohorts,
+    dedupe_impressions,
+    estimate_propensities,
+    relevant_history,
+    score,
+    variant_codes,
+)
+from evaluator.report import EventCounts, build_report, render_table, set_level
 from evaluator.sources.files import file_size, read_jsonl
 
 MAX_INVALID_SAMPLES = 1000
@@ -46,15 +58,39 @@ def _note_invalid(
             )
 
 
+PARALLEL_MIN_BYTES = 4 << 20
+"""Interaction files at least this big are decoded in a second process."""
+PARALLEL_MIN_REQUESTS = 50_000
+"""With at least this many requests, coverage and diversity run in a second process."""
+
+
+def _load_interactions(
+    path: Path, settings: Settings, update: Callable[[int], object] | None
+) -> tuple[InteractionColumns, EventCounts]:
+    counts = EventCounts()
+    columns = InteractionColumns()
+    profile = settings.relevance.active()
+    for chunk in read_jsonl(path, on_bytes=update):
+        batch, invalid = decode_interactions(chunk.payloads, profile)
+        counts.interactions += len(batch.events)
+        _note_invalid(counts, path, invalid, chunk.line_numbers)
+        columns.extend(batch)
+    return columns, counts
+
+
 def load_events(
     impressions: Path, interactions: Path, settings: Settings, progress: bool | None = None
-) -> tuple[ImpressionBatch, InteractionBatch, EventCounts]:
-    """Read, decode and validate both files; bad lines are counted, never raised."""
+) -> tuple[ImpressionBatch, InteractionColumns, EventCounts]:
+    """Read, decode and validate both files; bad lines are counted, never raised.
+
+    A large interactions file is decoded by a forked process while this one decodes
+    the impressions (replay is otherwise single-threaded)."""
     counts = EventCounts()
-    imps, ints = ImpressionBatch(), InteractionBatch()
-    profile = settings.relevance.active()
+    imps = ImpressionBatch()
     max_len = settings.events.max_list_length
+    parallel = file_size(interactions) >= PARALLEL_MIN_BYTES
     total = file_size(impressions) + file_size(interactions)
+    pending = Forked(lambda: _load_interactions(interactions, settings, None)) if parallel else None
     with tqdm(
         total=total,
         unit="B",
@@ -71,14 +107,24 @@ def load_events(
             _note_invalid(counts, impressions, invalid, chunk.line_numbers)
             imps.events += batch.events
             imps.timestamp_ms += batch.timestamp_ms
-        for chunk in read_jsonl(interactions, on_bytes=update):
-            ibatch, invalid = decode_interactions(chunk.payloads, profile)
-            counts.interactions += len(ibatch.events)
-            _note_invalid(counts, interactions, invalid, chunk.line_numbers)
-            ints.events += ibatch.events
-            ints.timestamp_ms += ibatch.timestamp_ms
-            ints.grade += ibatch.grade
+        if pending is not None:
+            ints, theirs = pending.result()
+            bar.update(file_size(interactions))
+        else:
+            ints, theirs = _load_interactions(interactions, settings, update)
+    counts.interactions = theirs.interactions
+    counts.invalid_by_reason.update(theirs.invalid_by_reason)
+    counts.invalid_samples = (counts.invalid_samples + theirs.invalid_samples)[:MAX_INVALID_SAMPLES]
     return imps, ints, counts
+
+
+def _side_summaries(
+    requests: Requests, variants: VariantCodes, ints: InteractionColumns, settings: Settings
+) -> tuple[dict[str, dict[str, Any]], I64]:
+    """Set-level metrics per variant and each request's cohort."""
+    users, times = relevant_history(ints)
+    cohort = cohorts(requests, users, times, settings.cold_start.min_relevant_history)
+    return set_level(requests.events, variants, settings), cohort
 
 
 def evaluate_files(
@@ -92,15 +138,27 @@ def evaluate_files(
     with _without_cyclic_gc():
         imps, ints, counts = load_events(impressions, interactions, settings, progress)
         requests = dedupe_impressions(imps)
+        variants = variant_codes(requests)
+        # coverage, diversity and cold-start cohorts need no join: a forked child
+        # computes them while this process joins and scores
+        side = Forked(
+            lambda: _side_summaries(requests, variants, ints, settings),
+            parallel=len(requests.events) >= PARALLEL_MIN_REQUESTS,
+        )
         attribution = attribute(requests, ints, settings)
         p = settings.propensity
         estimates = (
             estimate_propensities(requests, attribution, settings) if p.collect or estimate else {}
         )
         curve = estimates[p.estimator_name].curve() if p.estimated else None
-        scored = score(requests, attribution, settings, curve)
+        setlevel, cohort = side.result()
+        scored = score(
+            requests, attribution, settings, curve=curve, variants=variants, cohort=cohort
+        )
         duplicates = requests.duplicates + attribution.duplicates
-        report = build_report(scored, attribution.outcomes, duplicates, counts, settings)
+        report = build_report(
+            scored, attribution.outcomes, duplicates, counts, settings, setlevel=setlevel
+        )
         if estimates:
             report["propensity"] = propensity_report(estimates, curve)
         return report
