@@ -63,6 +63,19 @@ class Rejected:
 ESTIMATE_EVERY_S = 30.0
 """How often the live pipeline re-fits the propensity curve offered to new window buckets."""
 
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A decoded batch, encoded for the store, waiting to be applied."""
+
+    payload: object
+    rejected: list[Rejected]
+    latest: dict[str, int]
+    """Largest event time per partition in the batch."""
+    seconds: float
+    """Time spent preparing (part of the batch's processing latency)."""
+
+
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -190,20 +203,34 @@ class Pipeline:
 
     def process(self, batches: Sequence[PartitionBatch]) -> list[Rejected]:
         """Ingest a polled batch and finalise what became due; returns the invalid messages."""
+        return self.apply(self.prepare(batches))
+
+    def prepare(self, batches: Sequence[PartitionBatch]) -> Prepared:
+        """Decode, validate and encode a batch for the store: CPU only, no state change,
+        so the live loop can prepare batch N+1 while batch N is being applied."""
         started = time.perf_counter()
         imps, ints, rejected, latest = self._decode(batches)
+        deadlines = [self.config.deadline(ts) for ts in imps.timestamp_ms]
+        payload = self.store.prepare_ingest(imps, ints, deadlines)
+        return Prepared(payload, rejected, latest, time.perf_counter() - started)
+
+    def apply(self, prepared: Prepared) -> list[Rejected]:
+        """Store a prepared batch, advance partition progress and finalise what became
+        due; idempotent, so a failed batch can be applied again."""
+        started = time.perf_counter()
         watermark = self.watermark()
         late_before = (watermark - self.horizon_ms) if watermark is not None else -(2**62)
-        deadlines = [self.config.deadline(ts) for ts in imps.timestamp_ms]
-        counts = self.store.ingest(imps, ints, deadlines, late_before)
+        counts = self.store.apply_ingest(prepared.payload, late_before)
         self.stats.duplicates += counts.duplicates
         self.stats.late += counts.late
         now = self.clock_ms()
-        if latest:
-            self.store.record_progress({p: PartitionProgress(t, now) for p, t in latest.items()})
+        if prepared.latest:
+            self.store.record_progress(
+                {p: PartitionProgress(t, now) for p, t in prepared.latest.items()}
+            )
         self.finalise_due()
-        self.stats.latency.observe(time.perf_counter() - started)
-        return rejected
+        self.stats.latency.observe(time.perf_counter() - started + prepared.seconds)
+        return prepared.rejected
 
     def finalise_due(self) -> int:
         """Finalise every open request whose deadline the watermark has passed."""

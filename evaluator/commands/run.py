@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import logging
+import queue
 import signal
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
 from evaluator.commands.serving import serve_metrics
 from evaluator.config import Settings
-from evaluator.pipeline import PartitionBatch, Pipeline
+from evaluator.pipeline import PartitionBatch, Pipeline, Prepared, Rejected
 from evaluator.sources.kafka import KafkaSource
 from evaluator.stores.base import StateStore
 from evaluator.stores.redis import RedisStore, connect
@@ -46,28 +48,107 @@ def build_store(settings: Settings) -> RedisStore:
     return store
 
 
-def _process_with_retry(
-    pipeline: Pipeline, source: KafkaSource, batches: list[PartitionBatch], stop: threading.Event
-) -> bool:
-    """Process one polled batch until it is durable; False if stopped first.
+def _apply_with_retry(
+    pipeline: Pipeline, prepared: Prepared, backlogged: list[str], stop: threading.Event
+) -> list[Rejected] | None:
+    """Apply one prepared batch until it is durable; None if stopped first.
 
-    Processing is idempotent, so retrying the whole batch after a failure is safe.
-    Offsets are committed only after success.
+    Applying is idempotent, so retrying the whole batch after a failure is safe.
     """
     delay = 0.5
-    while not stop.is_set():
+    while True:
         try:
-            rejected = pipeline.process(batches)
-            source.dead_letter(rejected)
-            pipeline.stats.dead_lettered += len(rejected) if source.settings.dlq_suffix else 0
-            source.commit()
-            return True
+            rejected = pipeline.apply(prepared)
+            pipeline.touch(backlogged)
+            return rejected
         except Exception as exc:  # any failure: retry the batch, never commit
             pipeline.stats.store_errors += 1
             log.error("batch failed, retrying in %.1fs without committing offsets: %s", delay, exc)
-            stop.wait(delay)
+            if stop.wait(delay):
+                return None
             delay = min(delay * 2, MAX_BACKOFF_S)
-    return False
+
+
+@dataclass(slots=True)
+class _Applied:
+    batches: list[PartitionBatch]
+    rejected: list[Rejected] | None
+    """None: not applied (stopped while retrying); its offsets stay uncommitted."""
+
+
+class _Applier:
+    """Applies prepared batches, in order, on one worker thread.
+
+    The Redis round trips of batch N run there while the consumer thread polls,
+    decodes and encodes batch N+1 (the waiting releases the GIL). Finished batches
+    come back through :meth:`finished`; the consumer thread dead-letters and commits
+    them, because kafka-python's consumer must stay on one thread.
+    """
+
+    def __init__(self, pipeline: Pipeline, stop: threading.Event, depth: int = 1) -> None:
+        self.pipeline, self.stop = pipeline, stop
+        self.todo: queue.Queue[tuple[list[PartitionBatch], Prepared, list[str]] | None] = (
+            queue.Queue(maxsize=depth)
+        )
+        self.done: queue.Queue[_Applied] = queue.Queue()
+        self.idle = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="apply", daemon=True)
+        self.thread.start()
+
+    def submit(self, batches: list[PartitionBatch], prepared: Prepared, busy: list[str]) -> None:
+        """Queue a batch (blocks while the previous one is still waiting)."""
+        self.todo.put((batches, prepared, busy))
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                item = self.todo.get(timeout=0.2)
+            except queue.Empty:
+                self._finalise_idle()
+                continue
+            if item is None:
+                return
+            batches, prepared, busy = item
+            self.done.put(
+                _Applied(batches, _apply_with_retry(self.pipeline, prepared, busy, self.stop))
+            )
+
+    def _finalise_idle(self) -> None:
+        """Nothing to apply: finalise what the watermark has passed (retried when idle)."""
+        try:
+            self.pipeline.finalise_due()
+        except Exception as exc:
+            self.pipeline.stats.store_errors += 1
+            log.error("finalisation failed, will retry: %s", exc)
+            self.stop.wait(0.5)
+
+    def finished(self) -> list[_Applied]:
+        out = []
+        while True:
+            try:
+                out.append(self.done.get_nowait())
+            except queue.Empty:
+                return out
+
+    def close(self) -> list[_Applied]:
+        """Apply what is queued (once each), stop the thread, return the last results."""
+        self.todo.put(None)
+        self.thread.join()
+        return self.finished()
+
+
+def _commit(source: KafkaSource, pipeline: Pipeline, applied: list[_Applied]) -> None:
+    """Dead-letter and commit applied batches, oldest first; stop at one not applied."""
+    for done in applied:
+        if done.rejected is None:
+            return
+        try:
+            source.dead_letter(done.rejected)
+            pipeline.stats.dead_lettered += len(done.rejected) if source.settings.dlq_suffix else 0
+            source.commit(done.batches)
+        except Exception as exc:  # redelivered later; applying it again is harmless
+            pipeline.stats.store_errors += 1
+            log.error("dead-lettering or committing failed; the batch will be redelivered: %s", exc)
 
 
 class _Health:
@@ -136,6 +217,7 @@ def run(
         settings.redis.key_prefix,
     )
     next_lag = 0.0
+    applier = _Applier(pipeline, stop)
     try:
         while not stop.is_set():
             health.beat = time.monotonic()
@@ -148,17 +230,9 @@ def run(
                 source.subscribe()
                 source.awaiting_since = health.beat
             batches = source.poll()
+            _commit(source, pipeline, applier.finished())
             if batches:
-                if not _process_with_retry(pipeline, source, batches, stop):
-                    break
-                pipeline.touch(source.backlogged())
-            else:
-                try:
-                    pipeline.finalise_due()
-                except Exception as exc:  # retried on the next idle poll
-                    pipeline.stats.store_errors += 1
-                    log.error("finalisation failed, will retry: %s", exc)
-                    stop.wait(0.5)
+                applier.submit(batches, pipeline.prepare(batches), source.backlogged())
             if time.monotonic() >= next_lag:
                 try:
                     health.lag, health.kafka_error = source.lag(), ""
@@ -166,6 +240,7 @@ def run(
                     health.kafka_error = str(exc) or type(exc).__name__
                 next_lag = time.monotonic() + 5.0
     finally:
+        _commit(source, pipeline, applier.close())
         source.close()
         store.close()
         log.info("stopped; finalised %d requests in this process", pipeline.stats.finalised)

@@ -14,6 +14,7 @@ from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.structs import OffsetAndMetadata
 
 from evaluator.config import KafkaSettings
 from evaluator.pipeline import Kind, PartitionBatch, Rejected
@@ -151,9 +152,21 @@ class KafkaSource:
             )
         self._producer.flush()
 
-    def commit(self) -> None:
-        """Commit the positions reached by the last poll (call after the batch is durable)."""
-        self.consumer.commit()
+    def commit(self, batches: Sequence[PartitionBatch] | None = None) -> None:
+        """Commit after a batch is durable: the positions reached by the last poll, or,
+        given ``batches``, just past each of their last offsets (when later polls have
+        already moved the positions on)."""
+        if batches is None:
+            self.consumer.commit()
+            return
+        topics = {kind: topic for topic, kind in self.kinds.items()}
+        offsets: dict[TopicPartition, OffsetAndMetadata] = {}
+        for batch in batches:
+            if batch.offsets:
+                tp = TopicPartition(topics[batch.kind], int(batch.partition.rsplit(":", 1)[1]))
+                offsets[tp] = OffsetAndMetadata(batch.offsets[-1] + 1, "", -1)
+        if offsets:
+            self.consumer.commit(offsets=offsets)
 
     def backlogged(self) -> list[str]:
         """Assigned partitions known to hold unconsumed messages (from fetch metadata only)."""

@@ -72,6 +72,20 @@ class StateStore(Protocol):
         """
         ...
 
+    def prepare_ingest(
+        self,
+        impressions: ImpressionBatch,
+        interactions: InteractionBatch,
+        deadlines_ms: Sequence[int],
+    ) -> object:
+        """The CPU-bound half of :meth:`ingest` (encoding), with no I/O: the live loop
+        prepares the next batch while the previous one is applied."""
+        ...
+
+    def apply_ingest(self, prepared: object, loose_late_before_ms: int) -> IngestCounts:
+        """The I/O half of :meth:`ingest`: store a prepared batch."""
+        ...
+
     def due(self, watermark_ms: int, limit: int) -> list[DueRequest]:
         """Open requests whose deadline is at or before the watermark."""
         ...

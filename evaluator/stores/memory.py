@@ -11,6 +11,7 @@ import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -99,6 +100,20 @@ class MemoryStore:
             self._counters["late"] += counts.late
         return counts
 
+    def prepare_ingest(
+        self,
+        impressions: ImpressionBatch,
+        interactions: InteractionBatch,
+        deadlines_ms: Sequence[int],
+    ) -> object:
+        return (impressions, interactions, deadlines_ms)
+
+    def apply_ingest(self, prepared: object, loose_late_before_ms: int) -> IngestCounts:
+        impressions, interactions, deadlines = cast(
+            "tuple[ImpressionBatch, InteractionBatch, Sequence[int]]", prepared
+        )
+        return self.ingest(impressions, interactions, deadlines, loose_late_before_ms)
+
     def _ingest_interaction(
         self,
         it: Interaction,
@@ -183,13 +198,18 @@ class MemoryStore:
                 rid = request.request_id
                 if rid in self._final or rid not in self._requests:
                     continue
-                self._final[rid] = set()
+                # applied interaction ids stay known: a redelivery is a duplicate, not late
+                self._final[rid] = set(self._pending.pop(rid, {}))
                 _, shard = self._deadline.pop(rid)
                 del self._requests[rid]
-                self._pending.pop(rid, None)
                 user = self._user(request.user_id)
                 user.open_requests.pop(rid, None)
                 if prune_loose_before_ms is not None:
+                    user.late.update(
+                        v.event_id
+                        for v in user.loose.values()
+                        if v.timestamp_ms < prune_loose_before_ms
+                    )
                     user.loose = {
                         k: v
                         for k, v in user.loose.items()

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import numpy as np
@@ -136,6 +136,16 @@ class RedisStore:
         deadlines_ms: Sequence[int],
         loose_late_before_ms: int,
     ) -> IngestCounts:
+        prepared = self.prepare_ingest(impressions, interactions, deadlines_ms)
+        return self.apply_ingest(prepared, loose_late_before_ms)
+
+    def prepare_ingest(
+        self,
+        impressions: ImpressionBatch,
+        interactions: InteractionBatch,
+        deadlines_ms: Sequence[int],
+    ) -> object:
+        """Per shard, the ingest script's msgpack argument."""
         per_shard: dict[int, tuple[list[Any], list[Any]]] = defaultdict(lambda: ([], []))
         imp_shards = shard_of([e.user_id for e in impressions.events], self.layout).tolist()
         for event, ts, deadline, shard in zip(
@@ -177,13 +187,17 @@ class RedisStore:
                     f"{it.event_id}{SEP}{it.item_id}{SEP}{grade!r}",
                 )
             )
+        return {shard: msgspec.msgpack.encode(pair) for shard, pair in per_shard.items()}
+
+    def apply_ingest(self, prepared: object, loose_late_before_ms: int) -> IngestCounts:
+        packed = cast("dict[int, bytes]", prepared)
         pipe = self.client.pipeline(transaction=False)
-        for shard, (imps, ints) in per_shard.items():
+        for shard, payload in packed.items():
             self._ingest(
                 keys=[self.tag(shard) + "dl"],
                 args=[
                     self.tag(shard),
-                    msgspec.msgpack.encode((imps, ints)),
+                    payload,
                     self.state_ttl_s,
                     self.history_cap,
                     self.history_ttl_s,

@@ -24,17 +24,30 @@ if #taken > 0 then return {0, taken} end
 local users, variants = {}, {}
 for _, r in ipairs(data[1]) do
   local rid, uid = r[1], r[2]
-  local fk = p .. 'f:' .. rid
+  local fk, rik = p .. 'f:' .. rid, p .. 'ri:' .. rid
+  -- keep the ids of the interactions applied to the request: one redelivered after a
+  -- crash is then a duplicate, not a late event
+  if redis.call('EXISTS', rik) == 1 then redis.call('RENAME', rik, fk) end
   redis.call('HSET', fk, '_', 1)
   redis.call('EXPIRE', fk, ttl)
-  redis.call('DEL', p .. 'r:' .. rid, p .. 'ri:' .. rid)
+  redis.call('DEL', p .. 'r:' .. rid)
   redis.call('ZREM', KEYS[1], rid)
   redis.call('ZREM', p .. 'ui:' .. uid, rid)
   users[uid] = true
   variants[r[3]] = true
 end
 for uid in pairs(users) do
-  redis.call('ZREMRANGEBYSCORE', p .. 'ul:' .. uid, '-inf', prune)
+  -- pruned request-less interactions are remembered as seen (ux:), so a redelivery
+  -- after a crash counts as a duplicate, not as late
+  local lk = p .. 'ul:' .. uid
+  local old = redis.call('ZRANGEBYSCORE', lk, '-inf', prune)
+  if #old > 0 then
+    for i, member in ipairs(old) do old[i] = string.match(member, '^[^\031]*') end
+    local xk = p .. 'ux:' .. uid
+    redis.call('SADD', xk, unpack(old))
+    redis.call('EXPIRE', xk, ttl)
+    redis.call('ZREMRANGEBYSCORE', lk, '-inf', prune)
+  end
 end
 for variant in pairs(variants) do redis.call('SADD', p .. 'vars', variant) end
 local fmt = '<' .. string.rep('d', nblock)
