@@ -9,7 +9,10 @@ as late instead of applied.
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
+import sys
 import urllib.request
 from typing import Any
 
@@ -17,7 +20,7 @@ import pytest
 from kafka import KafkaConsumer
 
 from tests.eventgen import EventSet, generate
-from tests.live import free_port, new_env, stop, stream, to_payloads, wait_until
+from tests.live import ROOT, free_port, new_env, stop, stream, to_payloads, wait_until
 from tests.livecheck import SENTINEL_VARIANT, compare_with_replay, sentinel
 
 pytestmark = pytest.mark.services
@@ -191,3 +194,37 @@ def test_sigkill_mid_stream_loses_and_doubles_nothing(kafka_bootstrap, redis_url
     produce_events(env, second_half, 34, invalid=False)
     second = env.start(tmp_path / "second.log")
     finish(env, events, late, [second], tmp_path)
+
+
+def test_demo_through_kafka_and_redis(kafka_bootstrap, redis_url, tmp_path) -> None:
+    """`evaluator demo --kafka --redis`: the simulator produces to Kafka and the run loop
+    consumes into Redis; the page's numbers come from the real services."""
+    env = new_env(kafka_bootstrap, redis_url)
+    port = free_port()
+    log = tmp_path / "demo.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "evaluator", "demo", "--kafka", "--redis", "--port", str(port)],
+        env={**os.environ, **env.environ, "EVALUATOR_HTTP__PORT": str(port)},
+        stdout=open(log, "ab"),  # noqa: SIM115 - owned by the child process
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
+    seen: list[str] = []
+
+    def has_numbers() -> bool:
+        try:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
+            seen.append(text.read().decode())
+        except OSError:
+            return False
+        return 'recsys_eval_ndcg{variant="treatment"' in seen[-1]
+
+    try:
+        wait_until(has_numbers, 90, "the Kafka demo shows live numbers", [proc])
+        assert 'recsys_eval_events_consumed_total{topic="impressions"}' in seen[-1]
+        store = env.store()
+        assert store.counters().get("finalised", 0) > 0  # the state is in Redis
+        store.close()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
