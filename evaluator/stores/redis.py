@@ -22,17 +22,20 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from evaluator.events import ImpressionBatch, InteractionBatch, Randomization
-from evaluator.finalise import Finalised, OpenRequest, PendingInteraction, UserContext
+from evaluator.events import ImpressionBatch, InteractionBatch
+from evaluator.finalise import Finalised, OpenRequest, UserContext
 from evaluator.propensity_estimation import increments
 from evaluator.stores.base import DueRequest, FloatArray, IngestCounts, PartitionProgress
+from evaluator.stores.redis_codec import (
+    SEP,
+    decode_context,
+    decode_request,
+    encode_request,
+    loose_member,
+    pending_member,
+)
 from evaluator.windows import AggregateLayout, shard_of
 
-SEP = "\x1f"
-"""Separates items, and the parts of a pending interaction."""
-FIELD = "\x1e"
-"""Separates the fields of a stored request: user, variant, time, items, attribute values,
-shadow variant, shadow ranking, context, randomisation."""
 MAX_LUA_VALUES = 7000
 """Redis' Lua unpacks at most ~8000 values at once; a block must stay below that."""
 
@@ -151,22 +154,7 @@ class RedisStore:
         for event, ts, deadline, shard in zip(
             impressions.events, impressions.timestamp_ms, deadlines_ms, imp_shards, strict=True
         ):
-            attrs = (event.item_attributes or {}).get(self.attribute, [])
-            shadow_variant = min(event.shadow) if event.shadow else ""
-            shadow = event.shadow[shadow_variant] if event.shadow else []
-            value = FIELD.join(
-                (
-                    event.user_id,
-                    event.variant,
-                    str(ts),
-                    SEP.join(event.items),
-                    SEP.join(attrs),
-                    shadow_variant,
-                    SEP.join(shadow),
-                    event.context or "",
-                    _randomization_text(event.randomization),
-                )
-            )
+            value = encode_request(event, ts, self.attribute)
             per_shard[shard][0].append((event.request_id, event.user_id, ts, deadline, value))
         int_shards = shard_of([e.user_id for e in interactions.events], self.layout).tolist()
         for it, ts, grade, shard in zip(
@@ -183,8 +171,8 @@ class RedisStore:
                     it.request_id or "",
                     ts,
                     grade,
-                    f"{it.item_id}{SEP}{ts}{SEP}{grade!r}",
-                    f"{it.event_id}{SEP}{it.item_id}{SEP}{grade!r}",
+                    pending_member(it.item_id, ts, grade),
+                    loose_member(it.event_id, it.item_id, grade),
                 )
             )
         return {shard: msgspec.msgpack.encode(pair) for shard, pair in per_shard.items()}
@@ -234,11 +222,11 @@ class RedisStore:
         contexts: list[tuple[str, list[list[bytes]]]] = []
         for found, users in pipe.execute():
             for rid, value, pending in found:
-                requests.append(_decode_request(_text(rid), value, pending))
+                requests.append(decode_request(_text(rid), value, pending))
             contexts += [(_text(user[0]), user[1:]) for user in users]
         items = {r.request_id: r.items for r in requests}
         return requests, {
-            uid: _decode_context(loose, hist, imps, others, items)
+            uid: decode_context(loose, hist, imps, others, items)
             for uid, (loose, hist, imps, others) in contexts
         }
 
@@ -527,57 +515,3 @@ def _propensity_increments(finalised: Finalised, rows: npt.NDArray[np.intp]) -> 
         return []
     counts = increments([finalised.observations[i] for i in rows], finalised.propensity_positions)
     return [x for pair in counts.items() for x in pair]
-
-
-def _randomization_text(rnd: Randomization | None) -> str:
-    return f"{rnd.key()[0]}{SEP}{rnd.key()[1]}" if rnd is not None else ""
-
-
-def _decode_request(rid: str, value: bytes, pending: list[bytes]) -> OpenRequest:
-    fields = value.decode().split(FIELD)
-    fields += [""] * (9 - len(fields))  # records written before context/randomization
-    user, variant, ts, items, attrs, shadow_variant, shadow, context, rnd = fields[:9]
-    kind, _, span = rnd.partition(SEP)
-    interactions = []
-    for k in range(0, len(pending), 2):
-        item, its, grade = pending[k + 1].decode().split(SEP)
-        interactions.append(PendingInteraction(pending[k].decode(), item, int(its), float(grade)))
-    interactions.sort()
-    return OpenRequest(
-        rid,
-        user,
-        variant,
-        int(ts),
-        items.split(SEP),
-        interactions,
-        attrs.split(SEP) if attrs else [],
-        shadow_variant,
-        shadow.split(SEP) if shadow else [],
-        context,
-        (kind, int(span)) if rnd else None,
-    )
-
-
-def _decode_context(
-    loose: list[bytes],
-    hist: list[bytes],
-    imps: list[bytes],
-    others: list[bytes],
-    known: dict[str, list[str]],
-) -> UserContext:
-    """A user's context from the load script's flat (member, score) lists."""
-    items = dict(known)
-    for k in range(0, len(others), 2):
-        items[others[k].decode()] = others[k + 1].decode().split(FIELD)[3].split(SEP)
-    ids = [imps[k].decode() for k in range(0, len(imps), 2)]
-    pending = []
-    for k in range(0, len(loose), 2):
-        event_id, item, grade = loose[k].decode().split(SEP)
-        pending.append(PendingInteraction(event_id, item, int(loose[k + 1]), float(grade)))
-    return UserContext(
-        impression_ms=[int(imps[k + 1]) for k in range(0, len(imps), 2)],
-        impression_ids=ids,
-        impression_items=[items.get(rid, []) for rid in ids],
-        loose=pending,
-        history_ms=sorted(int(hist[k + 1]) for k in range(0, len(hist), 2)),
-    )

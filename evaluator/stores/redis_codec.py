@@ -1,0 +1,101 @@
+"""How open requests and pending interactions are stored as Redis strings (pure).
+
+A request record is its fields joined by U+001E; list values are joined by U+001F.
+Older records (without context and randomisation) still decode.
+"""
+
+from __future__ import annotations
+
+from evaluator.events import Impression, Randomization
+from evaluator.finalise import OpenRequest, PendingInteraction, UserContext
+
+SEP = "\x1f"
+"""Separates items, and the parts of a pending interaction."""
+FIELD = "\x1e"
+"""Separates the fields of a stored request: user, variant, time, items, attribute values,
+shadow variant, shadow ranking, context, randomisation."""
+
+
+def encode_request(event: Impression, ts: int, attribute: str) -> str:
+    """The stored record of an open request."""
+    attrs = (event.item_attributes or {}).get(attribute, [])
+    shadow_variant = min(event.shadow) if event.shadow else ""
+    shadow = event.shadow[shadow_variant] if event.shadow else []
+    return FIELD.join(
+        (
+            event.user_id,
+            event.variant,
+            str(ts),
+            SEP.join(event.items),
+            SEP.join(attrs),
+            shadow_variant,
+            SEP.join(shadow),
+            event.context or "",
+            _randomization_text(event.randomization),
+        )
+    )
+
+
+def pending_member(item_id: str, ts: int, grade: float) -> str:
+    """Value of an interaction waiting for its named request (``ri:`` hash)."""
+    return f"{item_id}{SEP}{ts}{SEP}{grade!r}"
+
+
+def loose_member(event_id: str, item_id: str, grade: float) -> str:
+    """Member of a request-less interaction in the user's ``ul:`` set (event id first:
+    the commit script reads it up to the first separator)."""
+    return f"{event_id}{SEP}{item_id}{SEP}{grade!r}"
+
+
+def _randomization_text(rnd: Randomization | None) -> str:
+    return f"{rnd.key()[0]}{SEP}{rnd.key()[1]}" if rnd is not None else ""
+
+
+def decode_request(rid: str, value: bytes, pending: list[bytes]) -> OpenRequest:
+    fields = value.decode().split(FIELD)
+    fields += [""] * (9 - len(fields))  # records written before context/randomization
+    user, variant, ts, items, attrs, shadow_variant, shadow, context, rnd = fields[:9]
+    kind, _, span = rnd.partition(SEP)
+    interactions = []
+    for k in range(0, len(pending), 2):
+        item, its, grade = pending[k + 1].decode().split(SEP)
+        interactions.append(PendingInteraction(pending[k].decode(), item, int(its), float(grade)))
+    interactions.sort()
+    return OpenRequest(
+        rid,
+        user,
+        variant,
+        int(ts),
+        items.split(SEP),
+        interactions,
+        attrs.split(SEP) if attrs else [],
+        shadow_variant,
+        shadow.split(SEP) if shadow else [],
+        context,
+        (kind, int(span)) if rnd else None,
+    )
+
+
+def decode_context(
+    loose: list[bytes],
+    hist: list[bytes],
+    imps: list[bytes],
+    others: list[bytes],
+    known: dict[str, list[str]],
+) -> UserContext:
+    """A user's context from the load script's flat (member, score) lists."""
+    items = dict(known)
+    for k in range(0, len(others), 2):
+        items[others[k].decode()] = others[k + 1].decode().split(FIELD)[3].split(SEP)
+    ids = [imps[k].decode() for k in range(0, len(imps), 2)]
+    pending = []
+    for k in range(0, len(loose), 2):
+        event_id, item, grade = loose[k].decode().split(SEP)
+        pending.append(PendingInteraction(event_id, item, int(loose[k + 1]), float(grade)))
+    return UserContext(
+        impression_ms=[int(imps[k + 1]) for k in range(0, len(imps), 2)],
+        impression_ids=ids,
+        impression_items=[items.get(rid, []) for rid in ids],
+        loose=pending,
+        history_ms=sorted(int(hist[k + 1]) for k in range(0, len(hist), 2)),
+    )
