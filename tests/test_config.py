@@ -151,3 +151,22 @@ def test_logs_are_json_lines_when_not_on_a_terminal() -> None:
         assert "INFO evaluator.test: plain" in text.getvalue()
     finally:
         logging.getLogger().removeHandler(handler)
+
+
+def test_every_setting_is_documented() -> None:
+    """docs/configuration.md names every key of every section (kept in sync by this test)."""
+    from pathlib import Path
+
+    import msgspec
+
+    from evaluator.config import Settings
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    tree = msgspec.to_builtins(load_settings(environ={}))
+    missing = []
+    for section, values in tree.items():
+        for key in values:
+            if f"{section}.{key}" not in text and f"`{key}`" not in text:
+                missing.append(f"{section}.{key}")
+    assert not missing, missing
+    assert set(tree) == set(Settings.__struct_fields__)
