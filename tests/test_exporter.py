@@ -13,7 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from evaluator.commands.replay import evaluate_files
 from evaluator.config import load_settings
 from evaluator.exporters.http import serve
-from evaluator.exporters.prometheus import PipelineCollector, WindowCollector
+from evaluator.exporters.pipeline_metrics import PipelineCollector
+from evaluator.exporters.prometheus import WindowCollector
 from evaluator.pipeline import Pipeline
 from evaluator.stores.memory import MemoryStore
 from evaluator.windows_read import OTHER, cap_variants

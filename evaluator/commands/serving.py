@@ -12,7 +12,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from evaluator.config import Settings
 from evaluator.exporters.dashboard import DashboardHistory, routes
 from evaluator.exporters.http import CachedExposition, serve
-from evaluator.exporters.prometheus import PipelineCollector, WindowCollector
+from evaluator.exporters.pipeline_metrics import PipelineCollector
+from evaluator.exporters.prometheus import WindowCollector
 from evaluator.pipeline import Pipeline, wall_clock_ms
 from evaluator.stores.base import StateStore
 from evaluator.timeutil import parse_duration_ms

@@ -19,15 +19,12 @@ from typing import Any
 
 import numpy as np
 from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
     Metric,
 )
 from prometheus_client.registry import Collector
 
 from evaluator.config import ExperimentSettings, Settings
-from evaluator.pipeline import PipelineStats
+from evaluator.exporters.families import Families, new_families
 from evaluator.propensity_estimation import estimate_all
 from evaluator.stats import (
     SequentialTracker,
@@ -43,130 +40,6 @@ from evaluator.windows_read import OTHER, cap_variants, window_totals
 COHORTS = {"all": None, "cold_start": 0, "established": 1}
 RATE_METRICS = {"mrr": "mrr", "hit_rate": "hit_rate"}
 """Per-request rates exported besides nDCG; precision and recall stay in replay reports."""
-
-
-_ESCAPE = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n"})
-
-
-@dataclass(slots=True)
-class _Families:
-    """The gauge samples of one scrape, keyed by metric name."""
-
-    help: dict[str, str]
-    labels: dict[str, list[str]]
-    samples: dict[str, list[tuple[list[str], float]]]
-
-    def add(self, name: str, labels: dict[str, str], value: float) -> None:
-        """Add a sample; NaN (no data yet) is left out rather than exported."""
-        if math.isfinite(value):
-            self.samples[name].append(([labels[k] for k in self.labels[name]], float(value)))
-
-    def families(self) -> Iterator[GaugeMetricFamily]:
-        for name, samples in self.samples.items():
-            family = GaugeMetricFamily(name, self.help[name], labels=self.labels[name])
-            for values, value in samples:
-                family.add_metric(values, value)
-            yield family
-
-    def text(self) -> str:
-        """Prometheus text exposition, written directly: the samples are many and their
-        label names are fixed, so this skips the per-sample validation of the client."""
-        out: list[str] = []
-        for name, samples in self.samples.items():
-            out.append(f"# HELP {name} {self.help[name]}\n# TYPE {name} gauge\n")
-            keys = self.labels[name]
-            for values, value in samples:
-                if keys:
-                    pairs = ",".join(
-                        f'{k}="{v.translate(_ESCAPE)}"' for k, v in zip(keys, values, strict=True)
-                    )
-                    out.append(f"{name}{{{pairs}}} {value!r}\n")
-                else:
-                    out.append(f"{name} {value!r}\n")
-        return "".join(out)
-
-
-def _families() -> _Families:
-    spec = {
-        "recsys_eval_ndcg": (
-            "Mean nDCG@K over requests finalised in the window.",
-            ["variant", "k", "window", "adjusted", "cohort"],
-        ),
-        "recsys_eval_requests": (
-            "Requests finalised in the window.",
-            ["variant", "window", "cohort"],
-        ),
-        "recsys_eval_engaged_requests": (
-            "Finalised requests with a relevant item.",
-            ["variant", "window", "cohort"],
-        ),
-        "recsys_eval_mrr": ("Mean MRR@K in the window.", ["variant", "k", "window", "cohort"]),
-        "recsys_eval_hit_rate": ("HitRate@K in the window.", ["variant", "k", "window", "cohort"]),
-        "recsys_eval_coverage": (
-            "Share of the catalog in the top K of the variant's lists in the window.",
-            ["variant", "k", "window"],
-        ),
-        "recsys_eval_ab_overlap": (
-            "Overlap with the control: Jaccard@K of the recommended item sets in the window "
-            '(measure="jaccard"), or mean rank-biased overlap with shadow rankings '
-            '(measure="rbo", k="all").',
-            ["experiment", "variant", "control", "k", "window", "measure"],
-        ),
-        "recsys_eval_diversity": (
-            "Mean intra-list diversity@K of lists with the attribute, in the window.",
-            ["variant", "k", "window"],
-        ),
-        "recsys_eval_composite_score": (
-            "Configured weighted sum of metrics (per-request terms).",
-            ["variant", "window"],
-        ),
-        "recsys_eval_watermark_seconds": ("Event-time watermark (Unix seconds).", []),
-        "recsys_eval_srm_p_value": (
-            "Sample-ratio-mismatch chi-square p-value.",
-            ["experiment", "window"],
-        ),
-        "recsys_eval_propensity": (
-            "Estimated examination propensity theta_k / theta_1 (all data so far).",
-            ["position", "estimator"],
-        ),
-        "recsys_eval_propensity_lower": (
-            "Lower approximate 95% bound of the propensity (absent where it falls back).",
-            ["position", "estimator"],
-        ),
-        "recsys_eval_propensity_upper": (
-            "Upper approximate 95% bound of the propensity.",
-            ["position", "estimator"],
-        ),
-        "recsys_eval_propensity_clicks": (
-            "Clicks behind the propensity estimate at the position.",
-            ["position", "estimator"],
-        ),
-        "recsys_eval_propensity_fallback": (
-            "1 when the position uses the fitted power law for lack of clicks.",
-            ["position", "estimator"],
-        ),
-        "recsys_eval_propensity_eta": (
-            "Power-law exponent fitted to the estimate: theta_k = k ** -eta.",
-            ["estimator"],
-        ),
-    }
-    ab = ["experiment", "variant", "control", "k", "window", "adjusted"]
-    for suffix, text in (
-        ("", "Variant minus control, mean nDCG@K."),
-        ("_lower", "Lower always-valid 95% bound of the difference."),
-        ("_upper", "Upper always-valid 95% bound of the difference."),
-    ):
-        spec["recsys_eval_ab_ndcg_diff" + suffix] = (text, ab)
-        spec["recsys_eval_ab_ndcg_lift" + suffix] = (
-            text.replace("Variant minus control", "Relative lift"),
-            ab,
-        )
-    spec["recsys_eval_ab_p_value"] = ("p-value of variant vs control.", [*ab, "method"])
-    return _Families(
-        {n: d for n, (d, _) in spec.items()},
-        {n: lab for n, (_, lab) in spec.items()},
-        {n: [] for n in spec},
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,8 +81,8 @@ class WindowCollector(Collector):
         self.col = {mk: 2 + i for i, mk in enumerate(columns)}
         self.n_values = len(columns)
 
-    def _scrape(self) -> _Families:
-        fam = _families()
+    def _scrape(self) -> Families:
+        fam = new_families()
         frontier = self.watermark()
         if frontier is not None:
             fam.add("recsys_eval_watermark_seconds", {}, frontier / 1000.0)
@@ -219,7 +92,7 @@ class WindowCollector(Collector):
             self._propensity(fam)
         return fam
 
-    def _propensity(self, fam: _Families) -> None:
+    def _propensity(self, fam: Families) -> None:
         p = self.settings.propensity
         estimates = self._cached(
             (0, "propensity"),  # cached like the sketches; at most 10 s old
@@ -242,7 +115,7 @@ class WindowCollector(Collector):
         """The same metrics as :meth:`collect`, as exposition text (much faster)."""
         return self._scrape().text().encode()
 
-    def _window(self, fam: _Families, window: int, frontier: int) -> None:
+    def _window(self, fam: Families, window: int, frontier: int) -> None:
         ab = self.settings.ab
         totals = cap_variants(
             window_totals(
@@ -306,7 +179,7 @@ class WindowCollector(Collector):
 
     def _overlap(
         self,
-        fam: _Families,
+        fam: Families,
         window: int,
         starts: list[int],
         counts: dict[tuple[str, int], float],
@@ -368,7 +241,7 @@ class WindowCollector(Collector):
 
     def _variant(
         self,
-        fam: _Families,
+        fam: Families,
         variant: str,
         block: FloatArray,
         window: str,
@@ -426,7 +299,7 @@ class WindowCollector(Collector):
         fam.add("recsys_eval_composite_score", {"variant": variant, "window": window}, composite)
 
     def _ab(
-        self, fam: _Families, totals: dict[str, FloatArray], window: str, experiment: Experiment
+        self, fam: Families, totals: dict[str, FloatArray], window: str, experiment: Experiment
     ) -> None:
         ab = self.settings.ab
         control = experiment.control
@@ -464,82 +337,3 @@ class WindowCollector(Collector):
                         "recsys_eval_ab_p_value", {**labels, "method": "sequential"}, seq.p_value
                     )
                     fam.add("recsys_eval_ab_p_value", {**labels, "method": "fixed"}, fixed.p_value)
-
-
-class PipelineCollector(Collector):
-    """Process counters of this instance's pipeline."""
-
-    def __init__(
-        self,
-        stats: PipelineStats,
-        lag: Callable[[], dict[str, int]] = dict,
-        watermark: Callable[[], int | None] = lambda: None,
-        clock_ms: Callable[[], int] = lambda: 0,
-    ) -> None:
-        self.stats = stats
-        self.lag = lag
-        self.watermark = watermark
-        self.clock_ms = clock_ms
-
-    def collect(self) -> Iterator[Metric]:
-        s = self.stats
-        consumed = CounterMetricFamily(
-            "recsys_eval_events_consumed", "Messages consumed.", labels=["topic"]
-        )
-        for kind, n in sorted(s.consumed.items()):
-            consumed.add_metric([kind], n)
-        invalid = CounterMetricFamily(
-            "recsys_eval_invalid_events", "Invalid events by reason.", labels=["reason"]
-        )
-        for reason, n in sorted(s.invalid.items()):
-            invalid.add_metric([reason], n)
-        unmatched = CounterMetricFamily(
-            "recsys_eval_unmatched_interactions",
-            "Interactions a finalised request did not attribute.",
-            labels=["reason"],
-        )
-        for reason, n in sorted(s.outcomes.items()):
-            if reason != "attributed":
-                unmatched.add_metric([str(reason)], n)
-        yield consumed
-        yield invalid
-        yield unmatched
-        counters: tuple[tuple[str, str, int], ...] = (
-            (
-                "recsys_eval_dead_lettered",
-                "Messages copied to a dead-letter topic.",
-                s.dead_lettered,
-            ),
-            ("recsys_eval_late_events", "Interactions for requests already finalised.", s.late),
-            ("recsys_eval_duplicate_events", "Repeated events ignored.", s.duplicates),
-            ("recsys_eval_finalised_requests", "Requests finalised by this instance.", s.finalised),
-            (
-                "recsys_eval_redis_errors",
-                "Failed state-store operations (retried).",
-                s.store_errors,
-            ),
-        )
-        for name, text, value in counters:
-            yield CounterMetricFamily(name, text, value=value)
-        latency = HistogramMetricFamily(
-            "recsys_eval_batch_processing_seconds",
-            "Time to decode, store and finalise one polled batch.",
-            buckets=s.latency.cumulative(),
-            sum_value=s.latency.total,
-        )
-        yield latency
-        lag = GaugeMetricFamily(
-            "recsys_eval_consumer_lag_messages",
-            "Messages behind the partition end.",
-            labels=["partition"],
-        )
-        for partition, n in sorted(self.lag().items()):
-            lag.add_metric([partition], n)
-        yield lag
-        watermark = self.watermark()
-        if watermark is not None:
-            yield GaugeMetricFamily(
-                "recsys_eval_watermark_delay_seconds",
-                "Wall clock minus event-time watermark.",
-                value=max(0.0, (self.clock_ms() - watermark) / 1000.0),
-            )

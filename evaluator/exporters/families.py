@@ -1,0 +1,132 @@
+"""The gauge families of the window metrics: names, help, labels, and a fast text form."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from prometheus_client.core import GaugeMetricFamily
+
+_ESCAPE = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n"})
+
+
+@dataclass(slots=True)
+class Families:
+    """The gauge samples of one scrape, keyed by metric name."""
+
+    help: dict[str, str]
+    labels: dict[str, list[str]]
+    samples: dict[str, list[tuple[list[str], float]]]
+
+    def add(self, name: str, labels: dict[str, str], value: float) -> None:
+        """Add a sample; NaN (no data yet) is left out rather than exported."""
+        if math.isfinite(value):
+            self.samples[name].append(([labels[k] for k in self.labels[name]], float(value)))
+
+    def families(self) -> Iterator[GaugeMetricFamily]:
+        for name, samples in self.samples.items():
+            family = GaugeMetricFamily(name, self.help[name], labels=self.labels[name])
+            for values, value in samples:
+                family.add_metric(values, value)
+            yield family
+
+    def text(self) -> str:
+        """Prometheus text exposition, written directly: the samples are many and their
+        label names are fixed, so this skips the per-sample validation of the client."""
+        out: list[str] = []
+        for name, samples in self.samples.items():
+            out.append(f"# HELP {name} {self.help[name]}\n# TYPE {name} gauge\n")
+            keys = self.labels[name]
+            for values, value in samples:
+                if keys:
+                    pairs = ",".join(
+                        f'{k}="{v.translate(_ESCAPE)}"' for k, v in zip(keys, values, strict=True)
+                    )
+                    out.append(f"{name}{{{pairs}}} {value!r}\n")
+                else:
+                    out.append(f"{name} {value!r}\n")
+        return "".join(out)
+
+
+def new_families() -> Families:
+    spec = {
+        "recsys_eval_ndcg": (
+            "Mean nDCG@K over requests finalised in the window.",
+            ["variant", "k", "window", "adjusted", "cohort"],
+        ),
+        "recsys_eval_requests": (
+            "Requests finalised in the window.",
+            ["variant", "window", "cohort"],
+        ),
+        "recsys_eval_engaged_requests": (
+            "Finalised requests with a relevant item.",
+            ["variant", "window", "cohort"],
+        ),
+        "recsys_eval_mrr": ("Mean MRR@K in the window.", ["variant", "k", "window", "cohort"]),
+        "recsys_eval_hit_rate": ("HitRate@K in the window.", ["variant", "k", "window", "cohort"]),
+        "recsys_eval_coverage": (
+            "Share of the catalog in the top K of the variant's lists in the window.",
+            ["variant", "k", "window"],
+        ),
+        "recsys_eval_ab_overlap": (
+            "Overlap with the control: Jaccard@K of the recommended item sets in the window "
+            '(measure="jaccard"), or mean rank-biased overlap with shadow rankings '
+            '(measure="rbo", k="all").',
+            ["experiment", "variant", "control", "k", "window", "measure"],
+        ),
+        "recsys_eval_diversity": (
+            "Mean intra-list diversity@K of lists with the attribute, in the window.",
+            ["variant", "k", "window"],
+        ),
+        "recsys_eval_composite_score": (
+            "Configured weighted sum of metrics (per-request terms).",
+            ["variant", "window"],
+        ),
+        "recsys_eval_watermark_seconds": ("Event-time watermark (Unix seconds).", []),
+        "recsys_eval_srm_p_value": (
+            "Sample-ratio-mismatch chi-square p-value.",
+            ["experiment", "window"],
+        ),
+        "recsys_eval_propensity": (
+            "Estimated examination propensity theta_k / theta_1 (all data so far).",
+            ["position", "estimator"],
+        ),
+        "recsys_eval_propensity_lower": (
+            "Lower approximate 95% bound of the propensity (absent where it falls back).",
+            ["position", "estimator"],
+        ),
+        "recsys_eval_propensity_upper": (
+            "Upper approximate 95% bound of the propensity.",
+            ["position", "estimator"],
+        ),
+        "recsys_eval_propensity_clicks": (
+            "Clicks behind the propensity estimate at the position.",
+            ["position", "estimator"],
+        ),
+        "recsys_eval_propensity_fallback": (
+            "1 when the position uses the fitted power law for lack of clicks.",
+            ["position", "estimator"],
+        ),
+        "recsys_eval_propensity_eta": (
+            "Power-law exponent fitted to the estimate: theta_k = k ** -eta.",
+            ["estimator"],
+        ),
+    }
+    ab = ["experiment", "variant", "control", "k", "window", "adjusted"]
+    for suffix, text in (
+        ("", "Variant minus control, mean nDCG@K."),
+        ("_lower", "Lower always-valid 95% bound of the difference."),
+        ("_upper", "Upper always-valid 95% bound of the difference."),
+    ):
+        spec["recsys_eval_ab_ndcg_diff" + suffix] = (text, ab)
+        spec["recsys_eval_ab_ndcg_lift" + suffix] = (
+            text.replace("Variant minus control", "Relative lift"),
+            ab,
+        )
+    spec["recsys_eval_ab_p_value"] = ("p-value of variant vs control.", [*ab, "method"])
+    return Families(
+        {n: d for n, (d, _) in spec.items()},
+        {n: lab for n, (_, lab) in spec.items()},
+        {n: [] for n in spec},
+    )
