@@ -11,6 +11,13 @@ local cap = tonumber(ARGV[4])
 local httl = tonumber(ARGV[5])
 local late_before = tonumber(ARGV[6])
 local dup, late = 0, 0
+local ttl_set = {}  -- keys whose TTL this call already refreshed (one EXPIRE per key)
+local function touch(key, seconds)
+  if not ttl_set[key] then
+    ttl_set[key] = true
+    redis.call('EXPIRE', key, seconds)
+  end
+end
 for _, im in ipairs(data[1]) do
   local rid, uid = im[1], im[2]
   if redis.call('EXISTS', p .. 'f:' .. rid) == 1
@@ -20,7 +27,7 @@ for _, im in ipairs(data[1]) do
     redis.call('ZADD', KEYS[1], im[4], rid)
     local uk = p .. 'ui:' .. uid
     redis.call('ZADD', uk, im[3], rid)
-    redis.call('EXPIRE', uk, ttl)
+    touch(uk, ttl)
   end
 end
 for _, it in ipairs(data[2]) do
@@ -29,7 +36,7 @@ for _, it in ipairs(data[2]) do
     local hk = p .. 'uh:' .. uid
     if redis.call('ZADD', hk, ts, eid) == 1 then
       redis.call('ZREMRANGEBYRANK', hk, cap, -1)
-      redis.call('EXPIRE', hk, httl)
+      touch(hk, httl)
     end
   end
   if rid ~= '' then
@@ -41,7 +48,7 @@ for _, it in ipairs(data[2]) do
       if redis.call('HSETNX', k, eid, it[6]) == 0 then
         dup = dup + 1
       else
-        redis.call('EXPIRE', k, ttl)
+        touch(k, ttl)
       end
     end
   elseif ts < late_before then
