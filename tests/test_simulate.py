@@ -97,3 +97,14 @@ def test_simulate_usage_errors_exit_2(tmp_path, capsys, bad) -> None:
     dest = [] if not bad else ["--out-dir", str(tmp_path)]
     assert main(["simulate", "--requests", "10", *dest, *bad]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_video_mode_watch_time_is_graded_and_recovered(tmp_path, capsys) -> None:
+    config = SimulationConfig(seed=3, mode="video")
+    sim = simulate(config, FileSink(tmp_path), 8_000, progress=False)
+    first = json.loads((tmp_path / "interactions.jsonl").read_text().splitlines()[0])
+    assert first["type"] == "watch" and 0 < first["watch_time"] <= first["duration"]
+    report = _replay(tmp_path, capsys, "--relevance", "video")
+    truth = sim.truth.as_dict()["ndcg"]
+    for variant, block in report["variants"].items():
+        assert block["ndcg"]["10"] == pytest.approx(truth[variant]["@10"]["raw"], abs=0.025)
