@@ -97,6 +97,49 @@ def join_by_request(
     return JoinOutcome.ATTRIBUTED, position
 
 
+OUTCOME_CODES: tuple[JoinOutcome, ...] = (
+    JoinOutcome.ATTRIBUTED,
+    JoinOutcome.NO_IMPRESSION,
+    JoinOutcome.NOT_IN_LIST,
+    JoinOutcome.OUTSIDE_WINDOW,
+)
+"""Outcome of each code returned by :func:`join_by_request_batch`."""
+
+
+def join_by_request_batch(
+    item_ids: Sequence[str],
+    interaction_ms: npt.NDArray[np.int64],
+    rows: Sequence[int],
+    impression_ms: npt.NDArray[np.int64],
+    lists: Sequence[Sequence[str]],
+    *,
+    rules: JoinRules,
+) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.int64]]:
+    """Vectorised :func:`join_by_request` for many interactions at once.
+
+    ``rows[i]`` is the request interaction i names (-1: unknown), indexing
+    ``impression_ms`` and ``lists``. Returns an index into :data:`OUTCOME_CODES`
+    and the 0-based position of the item (-1 unless attributed) for each interaction.
+    """
+    positions = np.fromiter(
+        (
+            (items.index(item) if item in items else -1) if row >= 0 else -2
+            for row, item in zip(rows, item_ids, strict=True)
+            for items in (lists[row] if row >= 0 else (),)
+        ),
+        dtype=np.int64,
+        count=len(item_ids),
+    )
+    row_arr = np.asarray(rows, dtype=np.int64)
+    shown = np.where(row_arr >= 0, impression_ms[np.maximum(row_arr, 0)], 0)
+    codes = np.zeros(len(item_ids), dtype=np.int8)
+    codes[~in_window_mask(interaction_ms, shown, rules)] = 3
+    codes[positions == -1] = 2
+    codes[positions == -2] = 1
+    positions[codes != 0] = -1
+    return codes, positions
+
+
 def join_by_user(
     item_id: str,
     interaction_ms: int,

@@ -17,7 +17,13 @@ from evaluator.aggregate import Moments, group_moments
 from evaluator.cohort import COLD_START, ESTABLISHED, cohort_codes, earlier_counts
 from evaluator.config import Settings
 from evaluator.events import Impression, ImpressionBatch, InteractionColumns
-from evaluator.join import JoinOutcome, join_by_request, join_by_user
+from evaluator.join import (
+    OUTCOME_CODES,
+    JoinOutcome,
+    JoinRules,
+    join_by_request_batch,
+    join_by_user,
+)
 from evaluator.propensity_estimation import Estimate, Observation, estimate_all, increments
 from evaluator.scoring import RequestScores, score_sparse
 
@@ -81,55 +87,84 @@ def _user_impressions(requests: Requests, user: str) -> UserImpressions:
 def attribute(
     requests: Requests, interactions: InteractionColumns, settings: Settings
 ) -> Attribution:
-    """Apply the join rules to every interaction, ignoring duplicate event ids."""
+    """Apply the join rules to every interaction, ignoring repeated event ids.
+
+    Interactions naming a request are joined in one vectorised pass; the others
+    go through the user-based join one by one."""
     rules = settings.join.rules()
-    events, times = requests.events, requests.timestamp_ms
-    by_request = requests.by_request
-    user_cache: dict[str, UserImpressions] = {}
     result = Attribution()
-    outcomes: Counter[str] = result.outcomes
-    rows, positions, grades = result.row, result.position, result.grade
-    relevant_user, relevant_ms = result.relevant_user, result.relevant_ms
-    attributed = JoinOutcome.ATTRIBUTED
     seen: set[str] = set()
-    for event_id, user_id, item_id, request_id, ts, grade in zip(
-        interactions.event_id,
-        interactions.user_id,
-        interactions.item_id,
-        interactions.request_id,
-        interactions.timestamp_ms,
-        interactions.grade,
-        strict=True,
-    ):
-        if event_id in seen:
-            result.duplicates += 1
-            continue
-        seen.add(event_id)
-        if grade > 0:
-            relevant_user.append(user_id)
-            relevant_ms.append(ts)
-        if request_id:
-            row = by_request.get(request_id, -1)
-            known = row >= 0
-            outcome, pos = join_by_request(
-                item_id,
-                ts,
-                times[row] if known else None,
-                events[row].items if known else None,
-                rules,
-            )
-        else:
-            mine = user_cache.get(user_id)
-            if mine is None:
-                mine = user_cache[user_id] = _user_impressions(requests, user_id)
-            outcome, idx, pos = join_by_user(item_id, ts, mine[0], mine[1], rules)
-            row = mine[2][idx] if idx >= 0 else -1
+    mark = seen.add
+    fresh = [i for i, e in enumerate(interactions.event_id) if not (e in seen or mark(e))]
+    result.duplicates = len(interactions) - len(fresh)
+    grade, users, times = interactions.grade, interactions.user_id, interactions.timestamp_ms
+    relevant = [i for i in fresh if grade[i] > 0]
+    result.relevant_user = [users[i] for i in relevant]
+    result.relevant_ms = [times[i] for i in relevant]
+    named = interactions.request_id
+    _join_named(requests, interactions, [i for i in fresh if named[i]], rules, result)
+    _join_loose(requests, interactions, [i for i in fresh if not named[i]], rules, result)
+    return result
+
+
+def _join_named(
+    requests: Requests,
+    interactions: InteractionColumns,
+    picked: list[int],
+    rules: JoinRules,
+    result: Attribution,
+) -> None:
+    """Interactions with a request id, all at once."""
+    if not picked:
+        return
+    by_request = requests.by_request
+    named, items = interactions.request_id, interactions.item_id
+    rows = [by_request.get(named[i], -1) for i in picked]
+    times = np.fromiter(
+        (interactions.timestamp_ms[i] for i in picked), dtype=np.int64, count=len(picked)
+    )
+    codes, positions = join_by_request_batch(
+        [items[i] for i in picked],
+        times,
+        rows,
+        np.asarray(requests.timestamp_ms, dtype=np.int64),
+        [e.items for e in requests.events],
+        rules=rules,
+    )
+    for code, count in enumerate(np.bincount(codes, minlength=len(OUTCOME_CODES)).tolist()):
+        if count:
+            result.outcomes[OUTCOME_CODES[code]] += count
+    ok = np.flatnonzero(codes == 0)
+    grade = interactions.grade
+    result.row += np.asarray(rows, dtype=np.int64)[ok].tolist()
+    result.position += positions[ok].tolist()
+    result.grade += [grade[picked[j]] for j in ok.tolist()]
+
+
+def _join_loose(
+    requests: Requests,
+    interactions: InteractionColumns,
+    picked: list[int],
+    rules: JoinRules,
+    result: Attribution,
+) -> None:
+    """Interactions without a request id: the user's latest impression with the item."""
+    user_cache: dict[str, UserImpressions] = {}
+    outcomes = result.outcomes
+    attributed = JoinOutcome.ATTRIBUTED
+    users, items = interactions.user_id, interactions.item_id
+    times, grade = interactions.timestamp_ms, interactions.grade
+    for i in picked:
+        user_id = users[i]
+        mine = user_cache.get(user_id)
+        if mine is None:
+            mine = user_cache[user_id] = _user_impressions(requests, user_id)
+        outcome, idx, pos = join_by_user(items[i], times[i], mine[0], mine[1], rules)
         outcomes[outcome] += 1
         if outcome == attributed:
-            rows.append(row)
-            positions.append(pos)
-            grades.append(grade)
-    return result
+            result.row.append(mine[2][idx])
+            result.position.append(pos)
+            result.grade.append(grade[i])
 
 
 def _codes(values: list[str]) -> tuple[list[str], I64]:

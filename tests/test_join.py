@@ -47,3 +47,29 @@ def test_rules_validate() -> None:
         JoinRules(attribution_window_ms=0)
     with pytest.raises(ValueError):
         JoinRules(max_clock_skew_ms=-1)
+
+
+def test_batch_request_join_equals_one_by_one() -> None:
+    import random
+
+    import numpy as np
+
+    from evaluator.join import OUTCOME_CODES, join_by_request_batch
+
+    rng = random.Random(4)
+    rules = JoinRules(attribution_window_ms=1_000, max_clock_skew_ms=100)
+    lists = [[f"i{rng.randrange(30)}" for _ in range(rng.randint(1, 8))] for _ in range(40)]
+    shown = [rng.randrange(10_000) for _ in lists]
+    rows = [rng.randrange(-1, len(lists)) for _ in range(2_000)]
+    items = [f"i{rng.randrange(30)}" for _ in rows]
+    times = [(shown[r] if r >= 0 else 5_000) + rng.randrange(-300, 1_300) for r in rows]
+    codes, positions = join_by_request_batch(
+        items, np.asarray(times), rows, np.asarray(shown), lists, rules=rules
+    )
+    for j, (row, item, t) in enumerate(zip(rows, items, times, strict=True)):
+        want = join_by_request(
+            item, t, shown[row] if row >= 0 else None, lists[row] if row >= 0 else None, rules
+        )
+        got = (OUTCOME_CODES[codes[j]], int(positions[j]))
+        assert got == (want[0], want[1] if want[0] == JoinOutcome.ATTRIBUTED else -1)
+    assert len(set(codes.tolist())) == 4  # every outcome occurred
