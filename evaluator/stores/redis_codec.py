@@ -83,10 +83,14 @@ def decode_context(
     others: list[bytes],
     known: dict[str, list[str]],
 ) -> UserContext:
-    """A user's context from the load script's flat (member, score) lists."""
-    items = dict(known)
-    for k in range(0, len(others), 2):
-        items[others[k].decode()] = others[k + 1].decode().split(FIELD)[3].split(SEP)
+    """A user's context from the load script's flat (member, score) lists.
+
+    ``known`` maps the requests being loaded to their items; ``others`` holds the
+    user's other open requests (their records are decoded only for their items)."""
+    items = {
+        others[k].decode(): others[k + 1].decode().split(FIELD)[3].split(SEP)
+        for k in range(0, len(others), 2)
+    }
     ids = [imps[k].decode() for k in range(0, len(imps), 2)]
     pending = []
     for k in range(0, len(loose), 2):
@@ -95,7 +99,7 @@ def decode_context(
     return UserContext(
         impression_ms=[int(imps[k + 1]) for k in range(0, len(imps), 2)],
         impression_ids=ids,
-        impression_items=[items.get(rid, []) for rid in ids],
+        impression_items=[known.get(rid) or items.get(rid, []) for rid in ids],
         loose=pending,
         history_ms=sorted(int(hist[k + 1]) for k in range(0, len(hist), 2)),
     )
