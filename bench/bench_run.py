@@ -83,11 +83,15 @@ def committed(admin: KafkaAdminClient, group: str) -> int:
 
 ESTIMATOR = "none"
 """propensity.estimator of the measured evaluator (``--estimator``)."""
+ATTRIBUTION_WINDOW = "30m"
+"""join.attribution_window of the measured evaluator (``--attribution-window``)."""
 
 
 def evaluator_rate(bootstrap: str, redis_url: str, name: str, total: int, log: Path) -> float:
     env = {
         "EVALUATOR_PROPENSITY__ESTIMATOR": ESTIMATOR,
+        "EVALUATOR_JOIN__ATTRIBUTION_WINDOW": ATTRIBUTION_WINDOW,
+        "EVALUATOR_HTTP__PORT": "0",  # not measured; and a leftover process cannot block it
         **os.environ,
         "EVALUATOR_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
         "EVALUATOR_KAFKA__IMPRESSIONS_TOPIC": f"{name}-impressions",
@@ -155,6 +159,12 @@ def main() -> None:
     )
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument(
+        "--attribution-window",
+        default="30m",
+        help="e.g. 5m: requests become due during the run, so finalisation is measured too",
+    )
+    parser.add_argument("--log-dir", type=Path, help="keep the evaluator logs here")
+    parser.add_argument(
         "--spacing-ms",
         type=int,
         default=20,
@@ -162,14 +172,17 @@ def main() -> None:
         "that most are finalised during the run (20: almost none are)",
     )
     args = parser.parse_args()
-    global ESTIMATOR  # noqa: PLW0603 - a benchmark knob
+    global ESTIMATOR, ATTRIBUTION_WINDOW  # noqa: PLW0603 - benchmark knobs
     ESTIMATOR = args.estimator
+    ATTRIBUTION_WINDOW = args.attribution_window
     bootstrap = os.environ["KAFKA_BOOTSTRAP_SERVERS"]
     redis_url = os.environ["REDIS_URL"]
     imps, ints = events(args.requests, spacing_ms=args.spacing_ms)
     total = len(imps) + len(ints)
     raws, evals = [], []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = str(args.log_dir or scratch)
+        Path(tmp).mkdir(parents=True, exist_ok=True)
         for i in range(args.repeats):
             name = f"bench-{uuid.uuid4().hex[:6]}"
             produce(bootstrap, name, imps, ints)
@@ -192,7 +205,10 @@ def main() -> None:
     )
     print(f"  raw kafka-python consumption: {raw:10,.0f} events/s (the ceiling)")
     print(f"  evaluator run              : {ev:10,.0f} events/s  -> {ev / raw:.2f} of the ceiling")
-    print(f"  propensity.estimator       : {args.estimator}, spacing {args.spacing_ms} ms")
+    print(
+        f"  propensity.estimator       : {args.estimator}, spacing {args.spacing_ms} ms, "
+        f"attribution window {args.attribution_window}"
+    )
     print(f"  Redis memory per open request (20 items): {mem:,.0f} bytes")
 
 
