@@ -177,6 +177,46 @@ def test_distinct_items_for_coverage(make_store) -> None:
     assert catalog == pytest.approx(4, abs=0.5)
 
 
+def test_distinct_items_per_variant_cutoff_and_window(make_store) -> None:
+    """Top-k cuts, variants and every window keep their own item sets."""
+    layout = SETTINGS.layout()
+    store = make_store(layout)
+    a1 = [f"a{i}" for i in range(12)]
+    a2 = [f"a{i}" for i in range(5, 17)]
+    b1 = [f"b{i}" for i in range(3)] + ["a0"]
+    payloads = [
+        json.dumps(
+            {
+                "event_id": f"e-{rid}",
+                "request_id": rid,
+                "user_id": user,
+                "variant": variant,
+                "timestamp": 1_000,
+                "items": items,
+            }
+        ).encode()
+        for rid, user, variant, items in (
+            ("r1", "u1", "A", a1),
+            ("r2", "u2", "A", a2),
+            ("r3", "u3", "B", b1),
+        )
+    ]
+    ingest(store, decode_impressions(payloads)[0], interactions())
+    finalise_all(store, CONFIG.deadline(1_000))
+    for window in layout.windows_ms:
+        start = int(layout.bucket_start(window, np.array([CONFIG.deadline(1_000)]))[0])
+        counts, catalog = store.distinct_items(window, [start], ["A", "B"])
+        want = {
+            ("A", 10): len(set(a1[:10]) | set(a2[:10])),
+            ("A", 20): len(set(a1) | set(a2)),
+            ("B", 10): 4,
+            ("B", 20): 4,
+        }
+        for key, n in want.items():
+            assert counts[key] == pytest.approx(n, abs=0.5), (window, key)
+        assert catalog == pytest.approx(len(set(a1) | set(a2) | set(b1)), abs=0.5)
+
+
 def stored_request(store, **extra):
     """Ingest one impression with extra fields and load it back as the store returns it."""
     event = {

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from importlib import resources
+from itertools import chain
 from typing import Any, cast
 
 import msgspec
@@ -277,16 +278,26 @@ class RedisStore:
         Items are gathered per sketch first, so a batch costs one PFADD per sketch.
         """
         layout = self.layout
-        gathered: dict[str, set[str]] = defaultdict(set)
+        requests = finalised.requests
+        lists = [r.items for r in requests]
+        tops = {k: [items[:k] for items in lists] for k in layout.ks}  # sliced once
+        gathered: dict[str, set[str]] = {}
         for window in layout.windows_ms:
             starts = layout.bucket_start(window, finalised.deadline_ms).tolist()
-            catalog = window == max(layout.windows_ms)
-            for request, start in zip(finalised.requests, starts, strict=True):
-                if catalog:
-                    gathered[self._cov_key(window, start, "*", 0)].update(request.items)
-                for k in layout.ks:
-                    key = self._cov_key(window, start, request.variant, k)
-                    gathered[key].update(request.items[:k])
+            groups: dict[tuple[int, str], list[int]] = defaultdict(list)
+            for row, (start, request) in enumerate(zip(starts, requests, strict=True)):
+                groups[(start, request.variant)].append(row)
+            for (start, variant), rows in groups.items():
+                for k, top in tops.items():
+                    key = self._cov_key(window, start, variant, k)
+                    gathered[key] = set(chain.from_iterable(map(top.__getitem__, rows)))
+            if window == max(layout.windows_ms):
+                by_start: dict[int, list[int]] = defaultdict(list)
+                for row, start in enumerate(starts):
+                    by_start[start].append(row)
+                for start, rows in by_start.items():
+                    key = self._cov_key(window, start, "*", 0)
+                    gathered[key] = set(chain.from_iterable(map(lists.__getitem__, rows)))
         args: list[str | int] = [self.block_ttl_s]
         for key, items in gathered.items():
             args += [key, SEP.join(items)]
