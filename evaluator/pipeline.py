@@ -134,7 +134,8 @@ class Pipeline:
         self.config = settings.finalise_config()
         self.estimated = settings.propensity.estimated
         self._curves: dict[int, FinaliseConfig] = {}
-        self._estimated: tuple[float, tuple[float, ...] | None] | None = None
+        self._estimated: tuple[float, int, tuple[float, ...] | None] | None = None
+        """(monotonic time, requests finalised, curve) of the last fit."""
         self.profile = settings.relevance.active()
         self.max_list_length = settings.events.max_list_length
         self.max_ooo_ms = settings.event_time.ms("max_out_of_orderness")
@@ -270,17 +271,24 @@ class Pipeline:
         return [(self._bucket_config(start), group) for start, group in groups.items()]
 
     def _estimate(self) -> tuple[float, ...] | None:
-        """The estimator's current curve, re-fitted at most every ESTIMATE_EVERY_S seconds
-        (an EM fit over a large table takes a fraction of a second); until a curve
-        exists, at every new bucket."""
+        """The estimator's current curve, offered to each new window bucket.
+
+        Re-fitted (an EM fit over a large table takes a fraction of a second) when
+        none exists yet, every ESTIMATE_EVERY_S seconds, and whenever this process
+        has finalised 10% more requests (at least 1,000) since the last fit, so an
+        early curve fitted on little data is soon replaced."""
         now = time.monotonic()
+        done = self.stats.finalised
         cached = self._estimated
-        if cached is not None and cached[1] is not None and now - cached[0] < ESTIMATE_EVERY_S:
-            return cached[1]
+        if cached is not None and cached[2] is not None:
+            fitted_at, fitted_done, curve = cached
+            fresh = now - fitted_at < ESTIMATE_EVERY_S
+            if fresh and done - fitted_done < max(1_000, fitted_done // 10):
+                return curve
         p = self.settings.propensity
         counts = self.store.propensity_counts()
         fitted = estimate(counts, p.estimator_name, p.positions, p.min_clicks).curve()
-        self._estimated = (now, fitted)
+        self._estimated = (now, done, fitted)
         return fitted
 
     def _bucket_config(self, bucket_ms: int) -> FinaliseConfig:
