@@ -166,6 +166,24 @@ def to_ms(value: int | datetime) -> int:
     return value if isinstance(value, int) else datetime_to_ms(value)
 
 
+RESERVED = ("\x1e", "\x1f")
+"""Control characters the state store uses as separators; identifiers must not hold them."""
+
+
+def _reserved(*texts: str) -> bool:
+    joined = "".join(texts)
+    return RESERVED[0] in joined or RESERVED[1] in joined
+
+
+def _impression_texts(event: Impression) -> list[str]:
+    texts = [event.user_id, event.variant, event.context or "", *event.items]
+    for values in (event.item_attributes or {}).values():
+        texts += values
+    for name, ranking in (event.shadow or {}).items():
+        texts += [name, *ranking]
+    return texts
+
+
 def check_impression(event: Impression, max_list_length: int) -> tuple[InvalidReason, str] | None:
     """Semantic checks that the schema cannot express; ``None`` when valid."""
     items = event.items
@@ -194,6 +212,8 @@ def check_impression(event: Impression, max_list_length: int) -> tuple[InvalidRe
                     InvalidReason.INVALID_FIELD,
                     f"item_attributes.{name} has {len(values)} values for {len(items)} items",
                 )
+    if _reserved(*_impression_texts(event)):
+        return InvalidReason.INVALID_FIELD, "a string holds U+001E or U+001F (reserved)"
     return None
 
 
@@ -201,6 +221,8 @@ def check_interaction(
     event: Interaction, profile: RelevanceProfile
 ) -> tuple[InvalidReason, str] | None:
     """Semantic checks under ``profile``; ``None`` when valid."""
+    if _reserved(event.event_id, event.user_id, event.item_id):
+        return InvalidReason.INVALID_FIELD, "a string holds U+001E or U+001F (reserved)"
     if event.watch_time is not None and event.watch_time < 0:
         return InvalidReason.NEGATIVE_WATCH_TIME, f"watch_time {event.watch_time} < 0"
     if not profile.accepts(event.type):

@@ -17,10 +17,16 @@ import numpy as np
 import numpy.typing as npt
 
 from evaluator.cohort import cohort_codes, earlier_counts
-from evaluator.join import JoinOutcome, JoinRules, join_by_request, join_by_user
+from evaluator.join import (
+    JoinOutcome,
+    JoinRules,
+    count_outcomes,
+    join_by_request_batch,
+    join_by_user,
+)
 from evaluator.metrics.overlap import rbo
 from evaluator.metrics.setlevel import encode_top, intra_list_diversity
-from evaluator.propensity_estimation import Observation
+from evaluator.propensity_estimation import Observation, clicked_positions
 from evaluator.scoring import ScoringConfig, score_sparse
 from evaluator.windows import AggregateLayout, contribution_rows, user_buckets
 
@@ -94,17 +100,34 @@ def deadline_ms(impression_ms: int, rules: JoinRules, allowed_lateness_ms: int) 
     )
 
 
-def _attributed(
+def _named(
+    requests: list[OpenRequest], rules: JoinRules, outcomes: Counter[str]
+) -> list[tuple[int, int, float]]:
+    """Interactions that named their request, joined in one batch (as replay does)."""
+    named = [(row, it) for row, r in enumerate(requests) for it in r.interactions]
+    if not named:
+        return []
+    codes, positions = join_by_request_batch(
+        [it.item_id for _, it in named],
+        np.fromiter((it.timestamp_ms for _, it in named), dtype=np.int64, count=len(named)),
+        [row for row, _ in named],
+        np.fromiter((r.timestamp_ms for r in requests), dtype=np.int64, count=len(requests)),
+        [r.items for r in requests],
+        rules=rules,
+    )
+    count_outcomes(codes, outcomes)
+    return [
+        (row, pos, it.grade)
+        for (row, it), code, pos in zip(named, codes.tolist(), positions.tolist(), strict=True)
+        if code == 0
+    ]
+
+
+def _loose(
     row: int, request: OpenRequest, user: UserContext, rules: JoinRules, outcomes: Counter[str]
 ) -> list[tuple[int, int, float]]:
+    """The user's request-less interactions whose user-based join picks this request."""
     out: list[tuple[int, int, float]] = []
-    for it in request.interactions:
-        outcome, pos = join_by_request(
-            it.item_id, it.timestamp_ms, request.timestamp_ms, request.items, rules
-        )
-        outcomes[outcome] += 1
-        if outcome == JoinOutcome.ATTRIBUTED:
-            out.append((row, pos, it.grade))
     lo = request.timestamp_ms - rules.max_clock_skew_ms
     hi = request.timestamp_ms + rules.attribution_window_ms
     shown = set(request.items)
@@ -156,11 +179,9 @@ def finalise(
     """Score due requests; the caller adds the rows to the window buckets atomically."""
     rules, layout = config.rules, config.layout
     outcomes: Counter[str] = Counter()
-    entries: list[tuple[int, int, float]] = []
+    entries = _named(requests, rules, outcomes)
     for row, request in enumerate(requests):
-        entries += _attributed(
-            row, request, users.get(request.user_id, UserContext()), rules, outcomes
-        )
+        entries += _loose(row, request, users.get(request.user_id, UserContext()), rules, outcomes)
     arr = np.asarray(entries, dtype=np.float64).reshape(-1, 3)
     scores = score_sparse(
         len(requests),
@@ -199,10 +220,8 @@ def observations(
     requests: list[OpenRequest], entries: list[tuple[int, int, float]]
 ) -> list[Observation]:
     """What each request tells the propensity estimators: its clicked positions."""
-    clicked: list[list[int]] = [[] for _ in requests]
-    for row, pos, grade in entries:
-        if grade > 0:
-            clicked[row].append(pos)
+    rows, positions, grades = zip(*entries, strict=True) if entries else ((), (), ())
+    clicked = clicked_positions(len(requests), rows, positions, grades)
     return [
         Observation(r.context, r.items, c, r.randomization)
         for r, c in zip(requests, clicked, strict=True)

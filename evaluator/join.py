@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -75,28 +76,6 @@ def impression_range(interaction_ms: int, rules: JoinRules) -> tuple[int, int]:
     )
 
 
-def join_by_request(
-    item_id: str,
-    interaction_ms: int,
-    impression_ms: int | None,
-    items: Sequence[str] | None,
-    rules: JoinRules,
-) -> tuple[JoinOutcome, int]:
-    """Join to a named request (``items`` is None when it is unknown).
-
-    Returns the outcome and the 0-based position of the item.
-    """
-    if items is None or impression_ms is None:
-        return JoinOutcome.NO_IMPRESSION, -1
-    try:
-        position = items.index(item_id)
-    except ValueError:
-        return JoinOutcome.NOT_IN_LIST, -1
-    if not in_window(interaction_ms, impression_ms, rules):
-        return JoinOutcome.OUTSIDE_WINDOW, -1
-    return JoinOutcome.ATTRIBUTED, position
-
-
 OUTCOME_CODES: tuple[JoinOutcome, ...] = (
     JoinOutcome.ATTRIBUTED,
     JoinOutcome.NO_IMPRESSION,
@@ -115,7 +94,7 @@ def join_by_request_batch(
     *,
     rules: JoinRules,
 ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.int64]]:
-    """Vectorised :func:`join_by_request` for many interactions at once.
+    """Join many interactions to the requests they name, at once.
 
     ``rows[i]`` is the request interaction i names (-1: unknown), indexing
     ``impression_ms`` and ``lists``. Returns an index into :data:`OUTCOME_CODES`
@@ -138,6 +117,38 @@ def join_by_request_batch(
     codes[positions == -2] = 1
     positions[codes != 0] = -1
     return codes, positions
+
+
+def join_by_request(
+    item_id: str,
+    interaction_ms: int,
+    impression_ms: int | None,
+    items: Sequence[str] | None,
+    rules: JoinRules,
+) -> tuple[JoinOutcome, int]:
+    """Join one interaction to a named request (``items`` is None when it is unknown).
+
+    Returns the outcome and the 0-based position of the item (-1 unless attributed).
+    A convenience over :func:`join_by_request_batch`, the one implementation of this
+    rule (replay and live finalisation call the batch form).
+    """
+    known = items is not None and impression_ms is not None
+    codes, positions = join_by_request_batch(
+        [item_id],
+        np.array([interaction_ms], dtype=np.int64),
+        [0 if known else -1],
+        np.array([impression_ms if known else 0], dtype=np.int64),
+        [items if items is not None else ()],
+        rules=rules,
+    )
+    return OUTCOME_CODES[int(codes[0])], int(positions[0])
+
+
+def count_outcomes(codes: npt.NDArray[np.int8], outcomes: Counter[str]) -> None:
+    """Add the outcome codes of :func:`join_by_request_batch` to a counter (non-zero only)."""
+    for code, count in enumerate(np.bincount(codes, minlength=len(OUTCOME_CODES)).tolist()):
+        if count:
+            outcomes[OUTCOME_CODES[code]] += count
 
 
 def join_by_user(

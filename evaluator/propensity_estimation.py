@@ -24,7 +24,7 @@ falls back to that power law at positions with too few clicks.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -51,6 +51,18 @@ class Observation:
     """0-based positions with a relevant interaction."""
     randomization: tuple[str, int] | None = None
     """``("topn", n)`` or ``("swap", k)``."""
+
+
+def clicked_positions(
+    requests: int, rows: Iterable[int], positions: Iterable[int], grades: Iterable[float]
+) -> list[list[int]]:
+    """Per request, the 0-based positions with a relevant (grade > 0) attributed interaction,
+    from the join's ``(row, position, grade)`` entries (live and replay share this)."""
+    clicked: list[list[int]] = [[] for _ in range(requests)]
+    for row, pos, grade in zip(rows, positions, grades, strict=True):
+        if grade > 0:
+            clicked[row].append(pos)
+    return clicked
 
 
 def increments(observations: Sequence[Observation], positions: int) -> Counter[str]:

@@ -18,13 +18,19 @@ from evaluator.cohort import COLD_START, ESTABLISHED, cohort_codes, earlier_coun
 from evaluator.config import Settings
 from evaluator.events import Impression, ImpressionBatch, InteractionColumns
 from evaluator.join import (
-    OUTCOME_CODES,
     JoinOutcome,
     JoinRules,
+    count_outcomes,
     join_by_request_batch,
     join_by_user,
 )
-from evaluator.propensity_estimation import Estimate, Observation, estimate_all, increments
+from evaluator.propensity_estimation import (
+    Estimate,
+    Observation,
+    clicked_positions,
+    estimate_all,
+    increments,
+)
 from evaluator.scoring import RequestScores, score_sparse
 
 I64 = npt.NDArray[np.int64]
@@ -131,9 +137,7 @@ def _join_named(
         [e.items for e in requests.events],
         rules=rules,
     )
-    for code, count in enumerate(np.bincount(codes, minlength=len(OUTCOME_CODES)).tolist()):
-        if count:
-            result.outcomes[OUTCOME_CODES[code]] += count
+    count_outcomes(codes, result.outcomes)
     ok = np.flatnonzero(codes == 0)
     grade = interactions.grade
     result.row += np.asarray(rows, dtype=np.int64)[ok].tolist()
@@ -188,12 +192,9 @@ class ScoredRequests:
 
 def observations(requests: Requests, attribution: Attribution) -> list[Observation]:
     """Each request as the propensity estimators see it (its clicked positions)."""
-    clicked: list[list[int]] = [[] for _ in requests.events]
-    for row, pos, grade in zip(
-        attribution.row, attribution.position, attribution.grade, strict=True
-    ):
-        if grade > 0:
-            clicked[row].append(pos)
+    clicked = clicked_positions(
+        len(requests.events), attribution.row, attribution.position, attribution.grade
+    )
     return [
         Observation(e.context or "", e.items, c, e.randomization.key() if e.randomization else None)
         for e, c in zip(requests.events, clicked, strict=True)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -133,3 +135,24 @@ def stop(procs: Iterable[subprocess.Popen[bytes]]) -> None:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@contextlib.contextmanager
+def running_demo(requests_per_s: float) -> Iterator[str]:
+    """`evaluator demo` (embedded store) on a free port in a thread; yields its base URL."""
+    from evaluator.commands.demo import demo_tree, run_demo
+
+    port = free_port()
+    settings = load_settings(environ={}, overrides=demo_tree({"http": {"port": port}}))
+    stop_demo = threading.Event()
+    worker = threading.Thread(
+        target=run_demo,
+        args=(settings,),
+        kwargs={"stop": stop_demo, "requests_per_s": requests_per_s},
+    )
+    worker.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop_demo.set()
+        worker.join(timeout=30)

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
 
 import pytest
 
-from evaluator.commands.demo import demo_tree, run_demo
-from evaluator.config import load_settings
-from tests.live import free_port
+from tests.live import running_demo
 
 SCREENSHOT_ENV = "DASHBOARD_SCREENSHOT"
 """Set it to a path to keep the screenshot (docs/img/dashboard.png was made this way)."""
@@ -19,16 +16,8 @@ SCREENSHOT_ENV = "DASHBOARD_SCREENSHOT"
 
 @pytest.fixture
 def demo_server():
-    port = free_port()
-    settings = load_settings(environ={}, overrides=demo_tree({"http": {"port": port}}))
-    stop = threading.Event()
-    worker = threading.Thread(
-        target=run_demo, args=(settings,), kwargs={"stop": stop, "requests_per_s": 400.0}
-    )
-    worker.start()
-    yield f"http://127.0.0.1:{port}/"
-    stop.set()
-    worker.join(timeout=30)
+    with running_demo(requests_per_s=400.0) as base:
+        yield base + "/"
 
 
 def _driver():

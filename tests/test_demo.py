@@ -3,7 +3,6 @@ embedded store recovers the simulator's ground truth."""
 
 from __future__ import annotations
 
-import threading
 import urllib.request
 
 import pytest
@@ -11,7 +10,7 @@ import pytest
 from evaluator.commands.demo import demo_tree, run_demo
 from evaluator.config import load_settings
 from evaluator.stores.memory import MemoryStore
-from tests.live import free_port, wait_until
+from tests.live import running_demo, wait_until
 
 DEMO_REQUESTS = 12_000
 """About 48,000 events; at least 4,000 requests per variant are finalised."""
@@ -49,15 +48,7 @@ def test_demo_pipeline_recovers_the_ground_truth() -> None:
 
 
 def test_demo_serves_metrics_and_the_page_while_running() -> None:
-    port = free_port()
-    settings = load_settings(environ={}, overrides=demo_tree({"http": {"port": port}}))
-    stop = threading.Event()
-    worker = threading.Thread(
-        target=run_demo, args=(settings,), kwargs={"stop": stop, "requests_per_s": 500.0}
-    )
-    worker.start()
-    try:
-        base = f"http://127.0.0.1:{port}"
+    with running_demo(requests_per_s=500.0) as base:
 
         def scrape() -> str:
             try:
@@ -76,6 +67,3 @@ def test_demo_serves_metrics_and_the_page_while_running() -> None:
         page = urllib.request.urlopen(base + "/", timeout=5).read().decode()
         body = page.split("<body>")[1]
         assert "/dashboard.js" in body and "https://" not in page  # nothing from a CDN
-    finally:
-        stop.set()
-        worker.join(timeout=30)

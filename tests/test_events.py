@@ -56,6 +56,11 @@ def test_valid_impression_with_rfc3339_timestamp() -> None:
         (imp(items="a,b"), InvalidReason.INVALID_FIELD),
         (imp(item_attributes={"category": ["x"]}), InvalidReason.INVALID_FIELD),
         (imp(variant=""), InvalidReason.INVALID_FIELD),
+        (imp(randomization={"type": "swap", "k": 3}), InvalidReason.INVALID_FIELD),
+        # the state store's separators cannot appear in stored strings
+        (imp(items=["a", "b\x1fc"]), InvalidReason.INVALID_FIELD),
+        (imp(context="home\x1e"), InvalidReason.INVALID_FIELD),
+        (imp(item_attributes={"category": ["x", "y\x1f"]}), InvalidReason.INVALID_FIELD),
     ],
 )
 def test_invalid_impressions(payload: bytes, reason: InvalidReason) -> None:
@@ -73,6 +78,7 @@ def test_invalid_impressions(payload: bytes, reason: InvalidReason) -> None:
         (inter(type="watch"), VIDEO, InvalidReason.MISSING_FIELD),
         (inter(type="watch", watch_time=5, duration=0), VIDEO, InvalidReason.INVALID_FIELD),
         (b"[1, 2]", ECOM, InvalidReason.INVALID_FIELD),
+        (inter(item_id="a\x1fb"), ECOM, InvalidReason.INVALID_FIELD),
     ],
 )
 def test_invalid_interactions(payload: bytes, profile, reason: InvalidReason) -> None:

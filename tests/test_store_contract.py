@@ -17,21 +17,22 @@ SETTINGS = load_settings(environ={})
 CONFIG = SETTINGS.finalise_config()
 
 
+def impression(rid: str, user: str, ts: int, items: list[str], **extra) -> bytes:
+    """One impression payload; ``extra`` adds or overrides fields (variant, context ...)."""
+    event = {
+        "event_id": f"e-{rid}",
+        "request_id": rid,
+        "user_id": user,
+        "variant": "A",
+        "timestamp": ts,
+        "items": items,
+        **extra,
+    }
+    return json.dumps(event).encode()
+
+
 def impressions(*rows: tuple[str, str, int, list[str]]):
-    payloads = [
-        json.dumps(
-            {
-                "event_id": f"e-{rid}",
-                "request_id": rid,
-                "user_id": user,
-                "variant": "A",
-                "timestamp": ts,
-                "items": items,
-            }
-        ).encode()
-        for rid, user, ts, items in rows
-    ]
-    return decode_impressions(payloads)[0]
+    return decode_impressions([impression(*row) for row in rows])[0]
 
 
 def interactions(*rows: tuple[str, str, str, str | None, int, str]):
@@ -185,16 +186,7 @@ def test_distinct_items_per_variant_cutoff_and_window(make_store) -> None:
     a2 = [f"a{i}" for i in range(5, 17)]
     b1 = [f"b{i}" for i in range(3)] + ["a0"]
     payloads = [
-        json.dumps(
-            {
-                "event_id": f"e-{rid}",
-                "request_id": rid,
-                "user_id": user,
-                "variant": variant,
-                "timestamp": 1_000,
-                "items": items,
-            }
-        ).encode()
+        impression(rid, user, 1_000, items, variant=variant)
         for rid, user, variant, items in (
             ("r1", "u1", "A", a1),
             ("r2", "u2", "A", a2),
@@ -219,16 +211,8 @@ def test_distinct_items_per_variant_cutoff_and_window(make_store) -> None:
 
 def stored_request(store, **extra):
     """Ingest one impression with extra fields and load it back as the store returns it."""
-    event = {
-        "event_id": "e",
-        "request_id": "r",
-        "user_id": "u",
-        "variant": "B",
-        "timestamp": 1_000,
-        "items": ["a", "b"],
-        **extra,
-    }
-    ingest(store, decode_impressions([json.dumps(event).encode()])[0], interactions())
+    payload = impression("r", "u", 1_000, ["a", "b"], variant="B", **extra)
+    ingest(store, decode_impressions([payload])[0], interactions())
     requests, _ = store.load(store.due(CONFIG.deadline(1_000), 10))
     assert len(requests) == 1
     return requests[0]
@@ -265,19 +249,8 @@ def test_propensity_counters_follow_claims_and_survive_recommits(make_store) -> 
     fconfig = config.finalise_config()
     store = make_store(config.layout())
     payloads = [
-        json.dumps(
-            {
-                "event_id": f"e-{rid}",
-                "request_id": rid,
-                "user_id": user,
-                "variant": "A",
-                "timestamp": 1_000,
-                "items": ["a", "b", "c"],
-                "context": "home",
-                "randomization": {"type": "topn", "n": 3} if rid == "r2" else None,
-            }
-        ).encode()
-        for rid, user in (("r1", "u1"), ("r2", "u2"))
+        impression(rid, user, 1_000, ["a", "b", "c"], context="home", randomization=rnd)
+        for rid, user, rnd in (("r1", "u1", None), ("r2", "u2", {"type": "topn", "n": 3}))
     ]
     imps = decode_impressions(payloads)[0]
     ints = interactions(

@@ -17,7 +17,7 @@ import numpy as np
 
 from evaluator.events import Impression, ImpressionBatch, Interaction, InteractionBatch
 from evaluator.finalise import Finalised, OpenRequest, PendingInteraction, UserContext
-from evaluator.propensity_estimation import increments
+from evaluator.propensity_estimation import Observation, increments
 from evaluator.stores.base import DueRequest, FloatArray, IngestCounts, PartitionProgress
 from evaluator.windows import AggregateLayout, expand_shards, shard_of
 
@@ -193,6 +193,7 @@ class MemoryStore:
     def commit(self, finalised: Finalised, prune_loose_before_ms: int | None = None) -> int:
         layout = self.layout
         applied = 0
+        observed: list[Observation] = []
         with self._lock:
             for i, request in enumerate(finalised.requests):
                 rid = request.request_id
@@ -231,11 +232,11 @@ class MemoryStore:
                         key = (window, start, "*", 0)
                         self._items.setdefault(key, set()).update(request.items)
                 if finalised.observations:
-                    self._propensity.update(
-                        increments([finalised.observations[i]], finalised.propensity_positions)
-                    )
+                    observed.append(finalised.observations[i])
                 applied += 1
             self._counters["finalised"] += applied
+            if observed:  # counters of exactly the requests claimed here
+                self._propensity.update(increments(observed, finalised.propensity_positions))
         return applied
 
     def blocks(
