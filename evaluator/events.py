@@ -175,6 +175,15 @@ def _reserved(*texts: str) -> bool:
     return RESERVED[0] in joined or RESERVED[1] in joined
 
 
+def may_hold_reserved(raw: Sequence[bytes]) -> bool:
+    """Whether any payload could decode to a string holding a reserved character.
+
+    JSON must escape control characters (msgspec rejects them raw), so a payload
+    without the text ``\\u001`` cannot hold U+001E or U+001F: one byte search per
+    payload spares the per-string check on almost every batch."""
+    return any(b"\\u001" in payload for payload in raw)
+
+
 def _impression_texts(event: Impression) -> list[str]:
     texts = [event.user_id, event.variant, event.context or "", *event.items]
     for values in (event.item_attributes or {}).values():
@@ -184,8 +193,12 @@ def _impression_texts(event: Impression) -> list[str]:
     return texts
 
 
-def check_impression(event: Impression, max_list_length: int) -> tuple[InvalidReason, str] | None:
-    """Semantic checks that the schema cannot express; ``None`` when valid."""
+def check_impression(
+    event: Impression, max_list_length: int, reserved: bool = True
+) -> tuple[InvalidReason, str] | None:
+    """Semantic checks that the schema cannot express; ``None`` when valid.
+
+    ``reserved=False`` skips the reserved-character check (see :func:`may_hold_reserved`)."""
     items = event.items
     if not items:
         return InvalidReason.EMPTY_LIST, "items is empty"
@@ -212,16 +225,17 @@ def check_impression(event: Impression, max_list_length: int) -> tuple[InvalidRe
                     InvalidReason.INVALID_FIELD,
                     f"item_attributes.{name} has {len(values)} values for {len(items)} items",
                 )
-    if _reserved(*_impression_texts(event)):
+    if reserved and _reserved(*_impression_texts(event)):
         return InvalidReason.INVALID_FIELD, "a string holds U+001E or U+001F (reserved)"
     return None
 
 
 def check_interaction(
-    event: Interaction, profile: RelevanceProfile
+    event: Interaction, profile: RelevanceProfile, reserved: bool = True
 ) -> tuple[InvalidReason, str] | None:
-    """Semantic checks under ``profile``; ``None`` when valid."""
-    if _reserved(event.event_id, event.user_id, event.item_id):
+    """Semantic checks under ``profile``; ``None`` when valid (``reserved`` as for
+    :func:`check_impression`)."""
+    if reserved and _reserved(event.event_id, event.user_id, event.item_id):
         return InvalidReason.INVALID_FIELD, "a string holds U+001E or U+001F (reserved)"
     if event.watch_time is not None and event.watch_time < 0:
         return InvalidReason.NEGATIVE_WATCH_TIME, f"watch_time {event.watch_time} < 0"
@@ -268,8 +282,12 @@ def decode_impressions(
     raw: Sequence[bytes], max_list_length: int = 1000, base_index: int = 0
 ) -> tuple[ImpressionBatch, list[InvalidEvent]]:
     """Decode and validate JSON impressions; invalid ones are returned, never raised."""
+    reserved = may_hold_reserved(raw)
     events, invalid = _decode_valid(
-        raw, _IMPRESSION_DECODER, lambda e: check_impression(e, max_list_length), base_index
+        raw,
+        _IMPRESSION_DECODER,
+        lambda e: check_impression(e, max_list_length, reserved),
+        base_index,
     )
     return ImpressionBatch(events, [to_ms(e.timestamp) for e in events]), invalid
 
@@ -278,8 +296,9 @@ def decode_interactions(
     raw: Sequence[bytes], profile: RelevanceProfile, base_index: int = 0
 ) -> tuple[InteractionBatch, list[InvalidEvent]]:
     """Decode, validate and grade JSON interactions; invalid ones are returned, never raised."""
+    reserved = may_hold_reserved(raw)
     events, invalid = _decode_valid(
-        raw, _INTERACTION_DECODER, lambda e: check_interaction(e, profile), base_index
+        raw, _INTERACTION_DECODER, lambda e: check_interaction(e, profile, reserved), base_index
     )
     grade = profile.grade
     return (

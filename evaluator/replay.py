@@ -7,6 +7,8 @@ live pipeline; the only thing it lacks is processing time, so nothing is late.
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -86,8 +88,11 @@ UserImpressions = tuple[list[int], list[list[str]], list[int]]
 def _user_impressions(requests: Requests, user: str) -> UserImpressions:
     rows = requests.by_user.get(user, [])
     ts, events = requests.timestamp_ms, requests.events
-    rows = sorted(rows, key=lambda r: (ts[r], events[r].request_id))
-    return [ts[r] for r in rows], [events[r].items for r in rows], rows
+    times = [ts[r] for r in rows]
+    if not all(map(operator.lt, times, times[1:])):  # files are mostly in time order
+        rows = sorted(rows, key=lambda r: (ts[r], events[r].request_id))
+        times = [ts[r] for r in rows]
+    return times, [events[r].items for r in rows], rows
 
 
 def attribute(
@@ -221,7 +226,11 @@ def variant_codes(requests: Requests) -> VariantCodes:
 def cohorts(requests: Requests, relevant_user: list[str], relevant_ms: list[int], cap: int) -> I64:
     """Cohort code of each request from its user's relevant interactions before it."""
     n = len(requests.events)
-    _, codes = _codes([e.user_id for e in requests.events] + relevant_user)
+    users = [e.user_id for e in requests.events] + relevant_user
+    index: dict[str, int] = {}  # any code per user will do; no need to sort the names
+    codes = np.fromiter(
+        map(index.setdefault, users, itertools.count()), dtype=np.int64, count=len(users)
+    )
     request_ms = np.asarray(requests.timestamp_ms, dtype=np.int64)
     history_ms = np.asarray(relevant_ms, dtype=np.int64)
     earlier = earlier_counts(codes[n:], history_ms, codes[:n], request_ms, cap)

@@ -16,7 +16,7 @@ from evaluator.events import Impression
 from evaluator.metrics.composite import composite_score
 from evaluator.metrics.setlevel import (
     coverage,
-    distinct_items,
+    distinct_by_cutoff,
     encode_top,
     intra_list_diversity,
 )
@@ -64,7 +64,8 @@ def set_level(
         [lists[r] for r in np.flatnonzero(variant == code).tolist()]
         for code in range(len(variant_names))
     ]
-    full_sets = [distinct_items(mine) for mine in per_variant]
+    distinct = [distinct_by_cutoff(mine, ks) for mine in per_variant]
+    full_sets = [full for _, full in distinct]
     catalog = settings.metrics.catalog_size or len(set().union(*full_sets))
     attribute = settings.metrics.diversity_attribute
     attrs = None
@@ -73,14 +74,7 @@ def set_level(
     out: dict[str, dict[str, Any]] = {}
     for code, name in enumerate(variant_names):
         rows = np.flatnonzero(variant == code)
-        longest = max(map(len, per_variant[code]), default=0)
-        cov = {
-            str(k): coverage(
-                len(full_sets[code] if k >= longest else distinct_items(per_variant[code], k)),
-                catalog,
-            )
-            for k in ks
-        }
+        cov = {str(k): coverage(distinct[code][0][k], catalog) for k in ks}
         div: dict[str, float | None] = dict.fromkeys(map(str, ks))
         for k in ks if attrs is not None else ():
             ild = intra_list_diversity(attrs[rows, :k])  # type: ignore[index]

@@ -78,8 +78,12 @@ def score_requests(grades: FloatArray, config: ScoringConfig) -> RequestScores:
     return RequestScores(config.ks, values, engaged)
 
 
-_CHUNK_CELLS = 1 << 22
-"""Largest dense grade matrix built at once (4M cells = 32 MiB)."""
+_CHUNK_CELLS = 1 << 16
+"""Largest dense grade matrix built at once (64K cells = 512 KiB).
+
+Small on purpose: a cache-sized chunk's temporaries are reused from one chunk to
+the next, while 32 MiB chunks spent most of their time faulting in fresh pages
+(score_sparse for 100,000 requests: 0.31 s with 4M-cell chunks, 0.08 s here)."""
 
 
 def _chunk_rows(widths: npt.NDArray[np.int64]) -> int:

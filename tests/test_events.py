@@ -69,6 +69,17 @@ def test_invalid_impressions(payload: bytes, reason: InvalidReason) -> None:
     assert [(i.index, i.reason) for i in invalid] == [(1, reason)]
 
 
+def test_reserved_characters_in_any_escape_spelling() -> None:
+    """The byte pre-filter must catch upper-case escapes and a single suspect line."""
+    upper = imp(items=["a", "b"]).replace(b'"b"', b'"b\\u001Fc"')
+    assert upper.count(b"\\u001F") == 1
+    batch, invalid = decode_impressions([imp(), upper, imp(event_id="e3", request_id="r3")])
+    assert [(i.index, i.reason) for i in invalid] == [(1, InvalidReason.INVALID_FIELD)]
+    assert len(batch.events) == 2
+    other_control, invalid = decode_impressions([imp(items=["a", "b\x1ac"])])
+    assert invalid == [] and other_control.events[0].items == ["a", "b\x1ac"]
+
+
 @pytest.mark.parametrize(
     ("payload", "profile", "reason"),
     [

@@ -5,6 +5,7 @@ from evaluator.metrics.composite import composite_score
 from evaluator.metrics.setlevel import (
     coverage_exact,
     coverage_sketch,
+    distinct_by_cutoff,
     distinct_codes,
     encode_top,
     intra_list_diversity,
@@ -17,6 +18,20 @@ def test_coverage_exact() -> None:
     assert coverage_exact(lists, 10) == pytest.approx(0.5)
     assert coverage_exact(lists, 10, k=1) == pytest.approx(0.3)  # a, b, e
     assert coverage_exact(lists, 0) == 0.0
+
+
+def test_distinct_by_cutoff_matches_a_set_per_cutoff() -> None:
+    rng = np.random.default_rng(3)
+    lists = [
+        [f"i{v}" for v in rng.choice(60, size=rng.integers(1, 25), replace=False)]
+        for _ in range(200)
+    ]
+    ks = [20, 1, 5, 10, 100]
+    counts, full = distinct_by_cutoff(lists, ks)
+    for k in ks:
+        assert counts[k] == len({item for items in lists for item in items[:k]}), k
+    assert full == {item for items in lists for item in items}
+    assert distinct_by_cutoff([], [10]) == ({10: 0}, set())
 
 
 def test_sketch_is_close_to_exact_on_a_large_set() -> None:

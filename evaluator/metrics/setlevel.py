@@ -20,6 +20,27 @@ def distinct_items(lists: Iterable[Sequence[str]], k: int | None = None) -> set[
     return set(itertools.chain.from_iterable(items[:k] for items in lists))
 
 
+def distinct_by_cutoff(
+    lists: Sequence[Sequence[str]], ks: Iterable[int]
+) -> tuple[dict[int, int], set[str]]:
+    """Distinct items in the top ``k`` for each cutoff, and in the whole lists.
+
+    Each item position is hashed once: the set grows from the top ``k₁`` by the
+    slice up to ``k₂``, and so on, and finally by the tails beyond the largest ``k``."""
+    seen: set[str] = set()
+    counts: dict[int, int] = {}
+    done = 0
+    longest = max(map(len, lists), default=0)
+    for k in sorted(set(ks)):
+        if done < longest:
+            seen.update(itertools.chain.from_iterable(items[done:k] for items in lists))
+            done = k
+        counts[k] = len(seen)
+    if done < longest:
+        seen.update(itertools.chain.from_iterable(items[done:] for items in lists))
+    return counts, seen
+
+
 def coverage(recommended: int | float, catalog_size: int | float) -> float:
     """Share of the catalog that was recommended at least once (0 for an empty catalog)."""
     return min(1.0, recommended / catalog_size) if catalog_size > 0 else 0.0
