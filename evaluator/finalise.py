@@ -20,9 +20,10 @@ from evaluator.cohort import cohort_codes, earlier_counts
 from evaluator.join import (
     JoinOutcome,
     JoinRules,
+    UserImpressions,
     count_outcomes,
     join_by_request_batch,
-    join_by_user,
+    join_by_user_batch,
 )
 from evaluator.metrics.overlap import rbo
 from evaluator.metrics.setlevel import encode_top, intra_list_diversity
@@ -124,22 +125,39 @@ def _named(
 
 
 def _loose(
-    row: int, request: OpenRequest, user: UserContext, rules: JoinRules, outcomes: Counter[str]
+    requests: list[OpenRequest],
+    users: dict[str, UserContext],
+    rules: JoinRules,
+    outcomes: Counter[str],
 ) -> list[tuple[int, int, float]]:
-    """The user's request-less interactions whose user-based join picks this request."""
+    """Request-less interactions whose user-based join picks one of ``requests``
+    (the batch join replay uses, over every user with such interactions)."""
+    row_of = {r.request_id: row for row, r in enumerate(requests)}
+    mine = [ctx for ctx in users.values() if ctx.loose and ctx.impression_ms]
+    if not mine:
+        return []
+    loose = [it for ctx in mine for it in ctx.loose]
+    codes, chosen, positions = join_by_user_batch(
+        [it.item_id for it in loose],
+        np.fromiter((it.timestamp_ms for it in loose), dtype=np.int64, count=len(loose)),
+        np.repeat(np.arange(len(mine), dtype=np.int64), [len(ctx.loose) for ctx in mine]),
+        UserImpressions(  # each user's impressions are sorted already; users follow in order
+            np.repeat(
+                np.arange(len(mine), dtype=np.int64), [len(ctx.impression_ms) for ctx in mine]
+            ),
+            np.fromiter((t for ctx in mine for t in ctx.impression_ms), dtype=np.int64),
+            [items for ctx in mine for items in ctx.impression_items],
+        ),
+        rules=rules,
+    )
+    ids = [rid for ctx in mine for rid in ctx.impression_ids]
     out: list[tuple[int, int, float]] = []
-    lo = request.timestamp_ms - rules.max_clock_skew_ms
-    hi = request.timestamp_ms + rules.attribution_window_ms
-    shown = set(request.items)
-    for it in user.loose:
-        if not lo <= it.timestamp_ms <= hi or it.item_id not in shown:
-            continue
-        outcome, idx, pos = join_by_user(
-            it.item_id, it.timestamp_ms, user.impression_ms, user.impression_items, rules
-        )
-        if outcome == JoinOutcome.ATTRIBUTED and user.impression_ids[idx] == request.request_id:
-            outcomes[outcome] += 1
-            out.append((row, pos, it.grade))
+    for i in np.flatnonzero(codes == 0).tolist():
+        row = row_of.get(ids[chosen[i]])
+        if row is not None:
+            out.append((row, int(positions[i]), loose[i].grade))
+    if out:
+        outcomes[JoinOutcome.ATTRIBUTED] += len(out)
     return out
 
 
@@ -179,9 +197,7 @@ def finalise(
     """Score due requests; the caller adds the rows to the window buckets atomically."""
     rules, layout = config.rules, config.layout
     outcomes: Counter[str] = Counter()
-    entries = _named(requests, rules, outcomes)
-    for row, request in enumerate(requests):
-        entries += _loose(row, request, users.get(request.user_id, UserContext()), rules, outcomes)
+    entries = _named(requests, rules, outcomes) + _loose(requests, users, rules, outcomes)
     arr = np.asarray(entries, dtype=np.float64).reshape(-1, 3)
     scores = score_sparse(
         len(requests),

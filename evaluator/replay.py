@@ -8,7 +8,6 @@ live pipeline; the only thing it lacks is processing time, so nothing is late.
 from __future__ import annotations
 
 import itertools
-import operator
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -20,11 +19,12 @@ from evaluator.cohort import COLD_START, ESTABLISHED, cohort_codes, earlier_coun
 from evaluator.config import Settings
 from evaluator.events import Impression, ImpressionBatch, InteractionColumns
 from evaluator.join import (
-    JoinOutcome,
     JoinRules,
+    UserImpressions,
     count_outcomes,
     join_by_request_batch,
-    join_by_user,
+    join_by_user_batch,
+    user_order,
 )
 from evaluator.propensity_estimation import (
     Estimate,
@@ -45,7 +45,6 @@ class Requests:
     events: list[Impression] = field(default_factory=list)
     timestamp_ms: list[int] = field(default_factory=list)
     by_request: dict[str, int] = field(default_factory=dict)
-    by_user: dict[str, list[int]] = field(default_factory=dict)
     duplicates: int = 0
 
 
@@ -53,7 +52,7 @@ def dedupe_impressions(batch: ImpressionBatch) -> Requests:
     """Keep the first impression per ``event_id`` and per ``request_id``."""
     seen_events: set[str] = set()
     out = Requests()
-    by_request, by_user = out.by_request, out.by_user
+    by_request = out.by_request
     for event, ts in zip(batch.events, batch.timestamp_ms, strict=True):
         if event.event_id in seen_events or event.request_id in by_request:
             out.duplicates += 1
@@ -61,7 +60,6 @@ def dedupe_impressions(batch: ImpressionBatch) -> Requests:
         seen_events.add(event.event_id)
         row = len(out.events)
         by_request[event.request_id] = row
-        by_user.setdefault(event.user_id, []).append(row)
         out.events.append(event)
         out.timestamp_ms.append(ts)
     return out
@@ -79,20 +77,6 @@ class Attribution:
     relevant_user: list[str] = field(default_factory=list)
     relevant_ms: list[int] = field(default_factory=list)
     """Every valid, first-seen interaction with grade > 0 (the cold-start history)."""
-
-
-UserImpressions = tuple[list[int], list[list[str]], list[int]]
-"""A user's impressions sorted by (time, request id): timestamps, item lists, rows."""
-
-
-def _user_impressions(requests: Requests, user: str) -> UserImpressions:
-    rows = requests.by_user.get(user, [])
-    ts, events = requests.timestamp_ms, requests.events
-    times = [ts[r] for r in rows]
-    if not all(map(operator.lt, times, times[1:])):  # files are mostly in time order
-        rows = sorted(rows, key=lambda r: (ts[r], events[r].request_id))
-        times = [ts[r] for r in rows]
-    return times, [events[r].items for r in rows], rows
 
 
 def attribute(
@@ -158,22 +142,36 @@ def _join_loose(
     result: Attribution,
 ) -> None:
     """Interactions without a request id: the user's latest impression with the item."""
-    user_cache: dict[str, UserImpressions] = {}
-    outcomes = result.outcomes
-    attributed = JoinOutcome.ATTRIBUTED
-    users, items = interactions.user_id, interactions.item_id
-    times, grade = interactions.timestamp_ms, interactions.grade
-    for i in picked:
-        user_id = users[i]
-        mine = user_cache.get(user_id)
-        if mine is None:
-            mine = user_cache[user_id] = _user_impressions(requests, user_id)
-        outcome, idx, pos = join_by_user(items[i], times[i], mine[0], mine[1], rules)
-        outcomes[outcome] += 1
-        if outcome == attributed:
-            result.row.append(mine[2][idx])
-            result.position.append(pos)
-            result.grade.append(grade[i])
+    if not picked:
+        return
+    events = requests.events
+    index: dict[str, int] = {}
+    imp_user = _first_seen_codes([e.user_id for e in events], index)
+    imp_ms = np.asarray(requests.timestamp_ms, dtype=np.int64)
+    order = user_order(imp_user, imp_ms, [e.request_id for e in events])
+    users, times = interactions.user_id, interactions.timestamp_ms
+    codes, chosen, positions = join_by_user_batch(
+        [interactions.item_id[i] for i in picked],
+        np.fromiter((times[i] for i in picked), dtype=np.int64, count=len(picked)),
+        np.fromiter((index.get(users[i], -1) for i in picked), dtype=np.int64, count=len(picked)),
+        UserImpressions(imp_user[order], imp_ms[order], [events[r].items for r in order.tolist()]),
+        rules=rules,
+    )
+    count_outcomes(codes, result.outcomes)
+    ok = np.flatnonzero(codes == 0)
+    grade = interactions.grade
+    result.row += order[chosen[ok]].tolist()
+    result.position += positions[ok].tolist()
+    result.grade += [grade[picked[j]] for j in ok.tolist()]
+
+
+def _first_seen_codes(values: list[str], index: dict[str, int]) -> I64:
+    """An integer code per string (any consistent numbering; ``index`` keeps it)."""
+    return np.fromiter(
+        map(index.setdefault, values, itertools.count(len(index))),
+        dtype=np.int64,
+        count=len(values),
+    )
 
 
 def _codes(values: list[str]) -> tuple[list[str], I64]:
@@ -226,26 +224,11 @@ def variant_codes(requests: Requests) -> VariantCodes:
 def cohorts(requests: Requests, relevant_user: list[str], relevant_ms: list[int], cap: int) -> I64:
     """Cohort code of each request from its user's relevant interactions before it."""
     n = len(requests.events)
-    users = [e.user_id for e in requests.events] + relevant_user
-    index: dict[str, int] = {}  # any code per user will do; no need to sort the names
-    codes = np.fromiter(
-        map(index.setdefault, users, itertools.count()), dtype=np.int64, count=len(users)
-    )
+    codes = _first_seen_codes([e.user_id for e in requests.events] + relevant_user, {})
     request_ms = np.asarray(requests.timestamp_ms, dtype=np.int64)
     history_ms = np.asarray(relevant_ms, dtype=np.int64)
     earlier = earlier_counts(codes[n:], history_ms, codes[:n], request_ms, cap)
     return cohort_codes(earlier, cap)
-
-
-def relevant_history(interactions: InteractionColumns) -> tuple[list[str], list[int]]:
-    """User and time of every first-seen interaction with grade > 0 (the cold-start
-    history; the same events :func:`attribute` collects)."""
-    first: dict[str, int] = {}
-    for index, event_id in enumerate(interactions.event_id):
-        first.setdefault(event_id, index)
-    grade, users, times = interactions.grade, interactions.user_id, interactions.timestamp_ms
-    rows = [i for i in first.values() if grade[i] > 0]
-    return [users[i] for i in rows], [times[i] for i in rows]
 
 
 def score(
@@ -255,12 +238,10 @@ def score(
     *,
     curve: tuple[float, ...] | None = None,
     variants: VariantCodes | None = None,
-    cohort: I64 | None = None,
 ) -> ScoredRequests:
     """Finalise every request: grades, scores, variant and cohort.
 
-    ``curve`` is the propensity curve when the model is ``estimated``; ``cohort``
-    the result of :func:`cohorts` when the caller computed it already."""
+    ``curve`` is the propensity curve when the model is ``estimated``."""
     events = requests.events
     n = len(events)
     scores = score_sparse(
@@ -271,9 +252,8 @@ def score(
         settings.scoring(curve),
     )
     variant_names, variant = variants or variant_codes(requests)
-    if cohort is None:
-        cap = settings.cold_start.min_relevant_history
-        cohort = cohorts(requests, attribution.relevant_user, attribution.relevant_ms, cap)
+    cap = settings.cold_start.min_relevant_history
+    cohort = cohorts(requests, attribution.relevant_user, attribution.relevant_ms, cap)
     return ScoredRequests(requests, scores, variant_names, variant, cohort)
 
 
@@ -296,7 +276,6 @@ __all__ = [
     "dedupe_impressions",
     "estimate_propensities",
     "moments_by_variant_cohort",
-    "relevant_history",
     "score",
     "variant_codes",
 ]

@@ -73,3 +73,37 @@ def test_batch_request_join_equals_one_by_one() -> None:
         got = (OUTCOME_CODES[codes[j]], int(positions[j]))
         assert got == (want[0], want[1] if want[0] == JoinOutcome.ATTRIBUTED else -1)
     assert len(set(codes.tolist())) == 4  # every outcome occurred
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_batch_user_join_equals_one_by_one(seed: int) -> None:
+    import random
+
+    import numpy as np
+
+    from evaluator.join import (
+        UserImpressions,
+        join_by_user_batch,
+        join_by_user_each,
+        user_order,
+    )
+
+    rng = random.Random(seed)
+    n = 300
+    user = np.array([rng.randrange(8) for _ in range(n)], dtype=np.int64)
+    ms = np.array([rng.randrange(0, 6_000, 50) for _ in range(n)], dtype=np.int64)  # ties
+    ids = [f"r{rng.randrange(10**6)}" for _ in range(n)]
+    lists = [[f"i{rng.randrange(25)}" for _ in range(rng.randint(1, 6))] for _ in range(n)]
+    order = user_order(user, ms, ids)
+    want_order = sorted(range(n), key=lambda r: (user[r], ms[r], ids[r]))
+    assert order.tolist() == want_order
+    index = UserImpressions(user[order], ms[order], [lists[r] for r in order.tolist()])
+    m = 3_000
+    items = [f"i{rng.randrange(30)}" for _ in range(m)]
+    times = np.array([rng.randrange(-2_000, 9_000) for _ in range(m)], dtype=np.int64)
+    users = np.array([rng.randrange(-1, 9) for _ in range(m)], dtype=np.int64)
+    got = join_by_user_batch(items, times, users, index, rules=RULES)
+    want = join_by_user_each(items, times, users, index, rules=RULES)
+    for a, b in zip(got, want, strict=True):
+        assert a.tolist() == b.tolist()
+    assert set(got[0].tolist()) == {0, 1, 2, 3}  # every outcome occurred

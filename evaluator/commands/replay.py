@@ -24,14 +24,9 @@ from evaluator.events import (
 from evaluator.forked import Forked
 from evaluator.propensity_estimation import Estimate
 from evaluator.replay import (
-    I64,
-    Requests,
-    VariantCodes,
     attribute,
-    cohorts,
     dedupe_impressions,
     estimate_propensities,
-    relevant_history,
     score,
     variant_codes,
 )
@@ -118,15 +113,6 @@ def load_events(
     return imps, ints, counts
 
 
-def _side_summaries(
-    requests: Requests, variants: VariantCodes, ints: InteractionColumns, settings: Settings
-) -> tuple[dict[str, dict[str, Any]], I64]:
-    """Set-level metrics per variant and each request's cohort."""
-    users, times = relevant_history(ints)
-    cohort = cohorts(requests, users, times, settings.cold_start.min_relevant_history)
-    return set_level(requests.events, variants, settings), cohort
-
-
 def evaluate_files(
     impressions: Path,
     interactions: Path,
@@ -139,10 +125,10 @@ def evaluate_files(
         imps, ints, counts = load_events(impressions, interactions, settings, progress)
         requests = dedupe_impressions(imps)
         variants = variant_codes(requests)
-        # coverage, diversity and cold-start cohorts need no join: a forked child
-        # computes them while this process joins and scores
+        # coverage and diversity need no join: a forked child computes them while
+        # this process joins and scores
         side = Forked(
-            lambda: _side_summaries(requests, variants, ints, settings),
+            lambda: set_level(requests.events, variants, settings),
             parallel=len(requests.events) >= PARALLEL_MIN_REQUESTS,
         )
         attribution = attribute(requests, ints, settings)
@@ -151,10 +137,8 @@ def evaluate_files(
             estimate_propensities(requests, attribution, settings) if p.collect or estimate else {}
         )
         curve = estimates[p.estimator_name].curve() if p.estimated else None
-        setlevel, cohort = side.result()
-        scored = score(
-            requests, attribution, settings, curve=curve, variants=variants, cohort=cohort
-        )
+        scored = score(requests, attribution, settings, curve=curve, variants=variants)
+        setlevel = side.result()
         duplicates = requests.duplicates + attribution.duplicates
         report = build_report(
             scored, attribution.outcomes, duplicates, counts, settings, setlevel=setlevel
