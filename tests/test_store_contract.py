@@ -91,6 +91,25 @@ def test_commit_claims_each_request_once(make_store) -> None:
     assert sum(b[:, :, 1].sum() for b in blocks.values()) == 1  # one engaged
 
 
+def test_commit_skips_requests_another_instance_claimed(make_store) -> None:
+    store = make_store(SETTINGS.layout())
+    ingest(
+        store,
+        impressions(
+            ("r1", "u1", 1_000, ["a"]), ("r2", "u1", 1_000, ["a"]), ("r3", "u2", 1_000, ["b"])
+        ),
+        interactions(("i1", "u1", "a", "r1", 1_500, "purchase")),
+    )
+    requests, users = store.load(store.due(CONFIG.deadline(1_000), 10))
+    by_id = {r.request_id: r for r in requests}
+    assert store.commit(finalise([by_id["r2"]], users, CONFIG)) == 1  # the other instance
+    assert store.commit(finalise(requests, users, CONFIG)) == 2  # r1 and r3 only
+    assert store.counters()["finalised"] == 3
+    blocks = store.blocks(max(SETTINGS.layout().windows_ms))
+    assert sum(b[:, :, 0].sum() for b in blocks.values()) == 3
+    assert sum(b[:, :, 1].sum() for b in blocks.values()) == 1
+
+
 def test_late_interactions_are_counted_once(make_store) -> None:
     store = make_store(SETTINGS.layout())
     ingest(store, impressions(("r1", "u1", 1_000, ["a"])), interactions())

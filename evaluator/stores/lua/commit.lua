@@ -14,28 +14,42 @@ local p = ARGV[1]
 local data = cmsgpack.unpack(ARGV[2])
 local ttl, nblock = tonumber(ARGV[3]), tonumber(ARGV[5])
 local prune = '(' .. ARGV[6]
-local taken = {}
-for _, r in ipairs(data[1]) do
-  if redis.call('EXISTS', p .. 'f:' .. r[1]) == 1 or redis.call('EXISTS', p .. 'r:' .. r[1]) == 0 then
-    taken[#taken + 1] = r[1]
-  end
+-- A request is open exactly while its r: record exists: finalisation deletes it in
+-- the same script that creates f:, and ingest never re-creates r: while f: exists.
+-- Multi-key commands take at most CHUNK arguments (Lua's unpack limit).
+local CHUNK = 4000
+local function each_chunk(list, fn)
+  for i = 1, #list, CHUNK do fn(unpack(list, i, math.min(i + CHUNK - 1, #list))) end
 end
-if #taken > 0 then return {0, taken} end
+local records, rids = {}, {}
+for i, r in ipairs(data[1]) do
+  records[i] = p .. 'r:' .. r[1]
+  rids[i] = r[1]
+end
+local open = 0
+each_chunk(records, function(...) open = open + redis.call('EXISTS', ...) end)
+if open < #records then
+  local taken = {}
+  for i, key in ipairs(records) do
+    if redis.call('EXISTS', key) == 0 then taken[#taken + 1] = rids[i] end
+  end
+  return {0, taken}
+end
 local users, variants = {}, {}
 for _, r in ipairs(data[1]) do
   local rid, uid = r[1], r[2]
   local fk, rik = p .. 'f:' .. rid, p .. 'ri:' .. rid
   -- keep the ids of the interactions applied to the request: one redelivered after a
   -- crash is then a duplicate, not a late event
-  if redis.call('EXISTS', rik) == 1 then redis.call('RENAME', rik, fk) end
-  redis.call('HSET', fk, '_', 1)
+  redis.call('HSET', rik, '_', 1)
+  redis.call('RENAME', rik, fk)
   redis.call('EXPIRE', fk, ttl)
-  redis.call('DEL', p .. 'r:' .. rid)
-  redis.call('ZREM', KEYS[1], rid)
   redis.call('ZREM', p .. 'ui:' .. uid, rid)
   users[uid] = true
   variants[r[3]] = true
 end
+each_chunk(records, function(...) redis.call('DEL', ...) end)
+each_chunk(rids, function(...) redis.call('ZREM', KEYS[1], ...) end)
 for uid in pairs(users) do
   -- pruned request-less interactions are remembered as seen (ux:), so a redelivery
   -- after a crash counts as a duplicate, not as late
