@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from evaluator.finalise import FinaliseConfig
+from evaluator.finalise import FinaliseConfig, deadline_ms
 from evaluator.join import JoinRules
 from evaluator.metrics.ndcg import GainKind
 from evaluator.propensity import NoBias, PositionTable, PropensityModel, parse_propensity
@@ -208,8 +208,21 @@ class RedisSettings(msgspec.Struct, forbid_unknown_fields=True):
     shards: int = 16
     """Hash-tagged key groups (users are spread over them); must divide user_buckets."""
     retry_attempts: int = 5
+    state_ttl: str | int = "48h"
+    """Lifetime of open-request state (records, pending interactions, user indexes),
+    refreshed by writes; must outlast the time to finalisation."""
+    finalised_ttl: str | int = "48h"
+    """How long a finalised request's marker lives: within it, a redelivered event is a
+    duplicate and a late interaction is counted late. One small hash per finalised
+    request, so it dominates memory at high request rates (docs/operations.md)."""
+
+    def ttl_s(self, name: str) -> int:
+        return -(-_duration(name, getattr(self, name)) // 1000)
 
     def __post_init__(self) -> None:
+        for name in ("state_ttl", "finalised_ttl"):
+            if _duration(name, getattr(self, name)) < 60_000:
+                raise ValueError(f"{name} must be at least 1m")
         if not self.url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(
                 f"url must start with redis://, rediss:// or unix://, got {self.url!r}"
@@ -319,6 +332,16 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     http: HttpSettings = msgspec.field(default_factory=HttpSettings)
 
     def __post_init__(self) -> None:
+        lateness = self.event_time.ms("allowed_lateness")
+        out_of_order = self.event_time.ms("max_out_of_orderness")
+        pending_ms = deadline_ms(0, self.join.rules(), lateness) + out_of_order
+        if _duration("state_ttl", self.redis.state_ttl) <= pending_ms:
+            raise ValueError(
+                f"redis.state_ttl ({self.redis.state_ttl}) must be longer than a request "
+                f"stays open ({pending_ms // 1000}s: join.attribution_window + "
+                "join.max_clock_skew + event_time.allowed_lateness + "
+                "event_time.max_out_of_orderness)"
+            )
         if self.windows.user_buckets % self.redis.shards:
             raise ValueError(
                 f"windows.user_buckets ({self.windows.user_buckets}) must be a multiple of "

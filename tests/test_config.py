@@ -170,3 +170,20 @@ def test_every_setting_is_documented() -> None:
                 missing.append(f"{section}.{key}")
     assert not missing, missing
     assert set(tree) == set(Settings.__struct_fields__)
+
+
+def test_state_ttl_must_outlast_an_open_request() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(
+            environ={
+                "EVALUATOR_REDIS__STATE_TTL": "20m",
+                "EVALUATOR_JOIN__ATTRIBUTION_WINDOW": "30m",
+            }
+        )
+    message = str(info.value)
+    assert "redis.state_ttl" in message and "\n" not in message
+    settings = load_settings(environ={"EVALUATOR_REDIS__FINALISED_TTL": "6h"})
+    assert settings.redis.ttl_s("finalised_ttl") == 6 * 3600
+    assert settings.redis.ttl_s("state_ttl") == 48 * 3600
+    with pytest.raises(ConfigError, match="finalised_ttl"):
+        load_settings(environ={"EVALUATOR_REDIS__FINALISED_TTL": "10s"})

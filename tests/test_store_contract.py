@@ -12,6 +12,7 @@ from evaluator.events import decode_impressions, decode_interactions
 from evaluator.finalise import finalise
 from evaluator.relevance import BUILTIN_PROFILES
 from evaluator.stores.base import PartitionProgress
+from evaluator.windows import shard_of
 
 SETTINGS = load_settings(environ={})
 CONFIG = SETTINGS.finalise_config()
@@ -302,3 +303,19 @@ def test_propensity_curve_of_a_bucket_is_fixed_by_the_first_proposal(make_store)
     assert store.propensity_curve(60_000, (1.0, 0.5)) == (1.0, 0.5)
     assert store.propensity_curve(60_000, (1.0, 0.9)) == (1.0, 0.5)
     assert store.propensity_curve(120_000, (1.0, 0.25)) == (1.0, 0.25)
+
+
+def test_redis_markers_live_for_the_configured_ttls(redis_url: str, key_prefix: str) -> None:
+    from evaluator.stores.redis import RedisStore, connect
+
+    client = connect(redis_url)
+    store = RedisStore(
+        client, SETTINGS.layout(), prefix=key_prefix, state_ttl_s=5_000, finalised_ttl_s=7_200
+    )
+    ingest(store, impressions(("r1", "u1", 1_000, ["a"])), interactions())
+    shard = store.tag(int(shard_of(["u1"], SETTINGS.layout())[0]))
+    assert 4_900 < client.ttl(shard + "r:r1") <= 5_000
+    requests, users = store.load(store.due(CONFIG.deadline(1_000), 10))
+    assert store.commit(finalise(requests, users, CONFIG)) == 1
+    assert 7_100 < client.ttl(shard + "f:r1") <= 7_200
+    store.close()

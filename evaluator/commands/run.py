@@ -42,6 +42,8 @@ def build_store(settings: Settings) -> RedisStore:
         settings.layout(),
         prefix=r.key_prefix,
         history_cap=settings.cold_start.min_relevant_history,
+        state_ttl_s=r.ttl_s("state_ttl"),
+        finalised_ttl_s=r.ttl_s("finalised_ttl"),
         attribute=settings.metrics.diversity_attribute,
     )
     store.check_layout()

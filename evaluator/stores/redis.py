@@ -88,6 +88,7 @@ class RedisStore:
         prefix: str = "recsys",
         history_cap: int = 3,
         state_ttl_s: int = 2 * 86_400,
+        finalised_ttl_s: int = 2 * 86_400,
         history_ttl_s: int = 30 * 86_400,
         attribute: str = "category",
     ) -> None:
@@ -103,6 +104,7 @@ class RedisStore:
         self.prefix = prefix
         self.history_cap = history_cap
         self.state_ttl_s = state_ttl_s
+        self.finalised_ttl_s = finalised_ttl_s
         self.history_ttl_s = history_ttl_s
         self.block_ttl_s = (max(layout.windows_ms) * 2) // 1000 + 3600
         """Longest block lifetime; each window's blocks live 2 x window + 1 h."""
@@ -249,7 +251,7 @@ class RedisStore:
                         self.tag(shard),
                         msgspec.msgpack.encode((meta, blocks, counts)),
                         self.state_ttl_s,
-                        0,
+                        self.finalised_ttl_s,
                         int(np.prod(layout.block_shape)),
                         prune,
                         increments,

@@ -2,7 +2,7 @@
 -- KEYS[1] = <tag>dl   ARGV[1] = key prefix with tag
 -- ARGV[2] = msgpack {{request_id, user_id, variant}, ...}, {{block suffix, bucket start, ttl s, window ms}, ...},
 --           {propensity field, increment, ...}}  (the estimators' counters, <tag>ps)
--- ARGV[3] = state ttl s   ARGV[4] = (unused)
+-- ARGV[3] = state ttl s   ARGV[4] = finalised-marker ttl s
 -- ARGV[5] = doubles per block
 -- ARGV[6] = prune request-less interactions older than this (ms)
 -- ARGV[7] = the blocks' increments: little-endian doubles, one block after another,
@@ -12,7 +12,7 @@
 -- caller can re-aggregate without them: increments always match the claims.
 local p = ARGV[1]
 local data = cmsgpack.unpack(ARGV[2])
-local ttl, nblock = tonumber(ARGV[3]), tonumber(ARGV[5])
+local ftl, nblock = tonumber(ARGV[4]), tonumber(ARGV[5])
 local prune = '(' .. ARGV[6]
 -- A request is open exactly while its r: record exists: finalisation deletes it in
 -- the same script that creates f:, and ingest never re-creates r: while f: exists.
@@ -43,7 +43,7 @@ for _, r in ipairs(data[1]) do
   -- crash is then a duplicate, not a late event
   redis.call('HSET', rik, '_', 1)
   redis.call('RENAME', rik, fk)
-  redis.call('EXPIRE', fk, ttl)
+  redis.call('EXPIRE', fk, ftl)
   redis.call('ZREM', p .. 'ui:' .. uid, rid)
   users[uid] = true
   variants[r[3]] = true
@@ -59,7 +59,7 @@ for uid in pairs(users) do
     for i, member in ipairs(old) do old[i] = string.match(member, '^[^\031]*') end
     local xk = p .. 'ux:' .. uid
     redis.call('SADD', xk, unpack(old))
-    redis.call('EXPIRE', xk, ttl)
+    redis.call('EXPIRE', xk, ftl)
     redis.call('ZREMRANGEBYSCORE', lk, '-inf', prune)
   end
 end
