@@ -209,7 +209,8 @@ def main() -> None:
         f"  propensity.estimator       : {args.estimator}, spacing {args.spacing_ms} ms, "
         f"attribution window {args.attribution_window}"
     )
-    print(f"  Redis memory per open request (20 items): {mem:,.0f} bytes")
+    if not args.skip_memory:
+        print(f"  Redis memory per open request (20 items): {mem:,.0f} bytes")
 
 
 if __name__ == "__main__":
