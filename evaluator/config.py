@@ -18,362 +18,30 @@ from typing import Any, Literal
 
 import msgspec
 
-from evaluator.finalise import FinaliseConfig, deadline_ms
-from evaluator.join import JoinRules
-from evaluator.metrics.ndcg import GainKind
-from evaluator.propensity import NoBias, PositionTable, PropensityModel, parse_propensity
-from evaluator.propensity_estimation import Estimator
-from evaluator.relevance import BUILTIN_PROFILES, ProfileKind, RelevanceProfile
-from evaluator.scoring import ScoringConfig
-from evaluator.timeutil import format_duration_ms, parse_duration_ms
-from evaluator.windows import AggregateLayout
+from evaluator.settings import (
+    DEFAULT_COMPOSITE,
+    ABSettings,
+    ColdStartSettings,
+    EventsSettings,
+    EventTimeSettings,
+    ExperimentSettings,
+    HttpSettings,
+    JoinSettings,
+    KafkaSettings,
+    MetricsSettings,
+    ProfileSettings,
+    PropensitySettings,
+    RedisSettings,
+    RelevanceSettings,
+    Settings,
+    WindowSettings,
+)
 
 ENV_PREFIX = "EVALUATOR_"
 
 
 class ConfigError(Exception):
     """Invalid configuration; the message is one line that names the key."""
-
-
-def _duration(key: str, value: str | int) -> int:
-    try:
-        return parse_duration_ms(value)
-    except ValueError as exc:
-        raise ValueError(f"{key}: {exc}") from None
-
-
-class EventsSettings(msgspec.Struct, forbid_unknown_fields=True):
-    max_list_length: int = 1000
-
-    def __post_init__(self) -> None:
-        if self.max_list_length < 1:
-            raise ValueError("max_list_length must be >= 1")
-
-
-class JoinSettings(msgspec.Struct, forbid_unknown_fields=True):
-    attribution_window: str | int = "30m"
-    max_clock_skew: str | int = "5s"
-
-    def __post_init__(self) -> None:
-        self.rules()
-
-    def rules(self) -> JoinRules:
-        return JoinRules(
-            _duration("attribution_window", self.attribution_window),
-            _duration("max_clock_skew", self.max_clock_skew),
-        )
-
-
-class ProfileSettings(msgspec.Struct, forbid_unknown_fields=True):
-    kind: ProfileKind = "table"
-    grades: dict[str, float] = {}
-    target_duration: str | int = "30s"
-
-
-class RelevanceSettings(msgspec.Struct, forbid_unknown_fields=True):
-    profile: str = "ecommerce"
-    profiles: dict[str, ProfileSettings] = {}
-
-    def __post_init__(self) -> None:
-        self.active()
-
-    def active(self) -> RelevanceProfile:
-        """The chosen profile: one defined here, or a built-in one."""
-        if self.profile in self.profiles:
-            spec = self.profiles[self.profile]
-            return RelevanceProfile(
-                self.profile,
-                spec.kind,
-                spec.grades,
-                _duration("target_duration", spec.target_duration),
-            )
-        if self.profile in BUILTIN_PROFILES:
-            return BUILTIN_PROFILES[self.profile]
-        known = sorted({*BUILTIN_PROFILES, *self.profiles})
-        raise ValueError(f"profile {self.profile!r} is not one of {', '.join(known)}")
-
-
-DEFAULT_COMPOSITE = {"ndcg@10": 0.7, "coverage@10": 0.2, "diversity@10": 0.1}
-
-
-class MetricsSettings(msgspec.Struct, forbid_unknown_fields=True):
-    k: list[int] = msgspec.field(default_factory=lambda: [10, 20])
-    gain: GainKind = "exponential"
-    zero_relevance: Literal["count", "skip"] = "count"
-    diversity_attribute: str = "category"
-    catalog_size: int = 0
-    """Items in the catalog; 0 means the distinct items seen in impressions."""
-    composite: dict[str, float] = msgspec.field(default_factory=lambda: dict(DEFAULT_COMPOSITE))
-
-    def __post_init__(self) -> None:
-        if not self.k or any(k < 1 for k in self.k):
-            raise ValueError(f"k must be a non-empty list of positive integers, got {self.k}")
-        self.k = sorted(set(self.k))
-        if self.catalog_size < 0:
-            raise ValueError("catalog_size must be >= 0")
-        bad = [n for n in self.composite if not re.fullmatch(r"[a-z_]+(@\d+)?", n)]
-        if bad:
-            raise ValueError(f"composite: bad metric name(s) {bad}; use e.g. 'ndcg@10'")
-
-
-class PropensitySettings(msgspec.Struct, forbid_unknown_fields=True):
-    model: str | list[float] = "none"
-    """``none``, ``power(ETA)``, a list of per-position propensities, or ``estimated``
-    (the curve of ``estimator``, fixed per window bucket)."""
-    clip: float = 0.05
-    estimator: Literal["none", "randomized", "harvesting", "em"] = "none"
-    """Estimate propensities from the stream with this estimator (all three are
-    computed and exported once it is not ``none``); ``estimated`` needs one."""
-    positions: int = 10
-    """Positions whose propensity is estimated."""
-    min_clicks: int = 30
-    """Below this many clicks a position falls back to the fitted power law."""
-
-    def __post_init__(self) -> None:
-        if not 0 < self.clip <= 1:
-            raise ValueError(f"clip must be in (0, 1], got {self.clip}")
-        if not 2 <= self.positions <= 100:
-            raise ValueError("positions must be in 2..100")
-        if self.min_clicks < 1:
-            raise ValueError("min_clicks must be >= 1")
-        if self.estimated and self.estimator == "none":
-            raise ValueError(
-                "model = 'estimated' needs estimator = 'randomized', 'harvesting' or 'em'"
-            )
-        self.build()
-
-    @property
-    def estimated(self) -> bool:
-        return isinstance(self.model, str) and self.model.strip().lower() == "estimated"
-
-    @property
-    def estimator_name(self) -> Estimator:
-        """The estimator as a core type (``em`` when none is set)."""
-        return "em" if self.estimator == "none" else self.estimator
-
-    @property
-    def collect(self) -> bool:
-        """Whether finalised requests feed the estimators' counters."""
-        return self.estimator != "none"
-
-    def build(self, curve: tuple[float, ...] | None = None) -> PropensityModel:
-        """The configured model; for ``estimated``, the given curve (none yet: no bias)."""
-        if self.estimated:
-            return PositionTable(curve) if curve else NoBias()
-        return parse_propensity(self.model)
-
-
-class ColdStartSettings(msgspec.Struct, forbid_unknown_fields=True):
-    min_relevant_history: int = 3
-
-    def __post_init__(self) -> None:
-        if self.min_relevant_history < 0:
-            raise ValueError("min_relevant_history must be >= 0")
-
-
-class KafkaSettings(msgspec.Struct, forbid_unknown_fields=True):
-    bootstrap_servers: str = "localhost:9092"
-    group_id: str = "recsys-evaluator"
-    client_id: str = "recsys-evaluator"
-    impressions_topic: str = "impressions"
-    interactions_topic: str = "interactions"
-    dlq_suffix: str = ".dlq"
-    """Invalid events go to ``<topic><dlq_suffix>``; empty disables the dead-letter topic."""
-    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
-    max_poll_records: int = 5000
-    poll_timeout: str | int = "500ms"
-    session_timeout: str | int = "45s"
-    """How long the group waits for a silent member (e.g. a killed process) before rebalancing."""
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    sasl_mechanism: str = ""
-    sasl_username: str = ""
-    sasl_password: str = ""
-    ssl_cafile: str = ""
-
-    def __post_init__(self) -> None:
-        if self.max_poll_records < 1:
-            raise ValueError("max_poll_records must be >= 1")
-        _duration("poll_timeout", self.poll_timeout)
-        _duration("session_timeout", self.session_timeout)
-
-
-class RedisSettings(msgspec.Struct, forbid_unknown_fields=True):
-    url: str = "redis://localhost:6379/0"
-    """``redis://`` or ``rediss://`` (TLS); credentials may also be in the URL."""
-    username: str = ""
-    password: str = ""
-    tls: bool = False
-    ssl_ca_certs: str = ""
-    key_prefix: str = "recsys"
-    shards: int = 16
-    """Hash-tagged key groups (users are spread over them); must divide user_buckets."""
-    retry_attempts: int = 5
-    state_ttl: str | int = "48h"
-    """Lifetime of open-request state (records, pending interactions, user indexes),
-    refreshed by writes; must outlast the time to finalisation."""
-    finalised_ttl: str | int = "48h"
-    """How long a finalised request's marker lives: within it, a redelivered event is a
-    duplicate and a late interaction is counted late. One small hash per finalised
-    request, so it dominates memory at high request rates (docs/operations.md)."""
-
-    def ttl_s(self, name: str) -> int:
-        return -(-_duration(name, getattr(self, name)) // 1000)
-
-    def __post_init__(self) -> None:
-        for name in ("state_ttl", "finalised_ttl"):
-            if _duration(name, getattr(self, name)) < 60_000:
-                raise ValueError(f"{name} must be at least 1m")
-        if not self.url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(
-                f"url must start with redis://, rediss:// or unix://, got {self.url!r}"
-            )
-        if not 1 <= self.shards <= 1024:
-            raise ValueError("shards must be in 1..1024")
-
-
-class EventTimeSettings(msgspec.Struct, forbid_unknown_fields=True):
-    max_out_of_orderness: str | int = "5s"
-    idle_timeout: str | int = "30s"
-    allowed_lateness: str | int = "1m"
-
-    def __post_init__(self) -> None:
-        for name in ("max_out_of_orderness", "idle_timeout", "allowed_lateness"):
-            _duration(name, getattr(self, name))
-
-    def ms(self, name: str) -> int:
-        return _duration(name, getattr(self, name))
-
-
-class WindowSettings(msgspec.Struct, forbid_unknown_fields=True):
-    sizes: list[str | int] = msgspec.field(default_factory=lambda: ["5m", "1h", "24h"])
-    buckets_per_window: int = 12
-    user_buckets: int = 128
-
-    def __post_init__(self) -> None:
-        if not self.sizes:
-            raise ValueError("sizes must name at least one window")
-        for size in self.sizes:
-            if _duration("sizes", size) < 1000:
-                raise ValueError(f"sizes: window {size!r} is shorter than 1s")
-        if not 1 <= self.buckets_per_window <= 1000:
-            raise ValueError("buckets_per_window must be in 1..1000")
-        if not 2 <= self.user_buckets <= 4096:
-            raise ValueError("user_buckets must be in 2..4096")
-
-    def sizes_ms(self) -> list[int]:
-        return sorted({_duration("sizes", s) for s in self.sizes})
-
-    def sizes_label(self) -> str:
-        """The label of the shortest window, as exported (e.g. ``5m``)."""
-        shortest = min(self.sizes, key=lambda s: _duration("sizes", s))
-        return shortest.strip() if isinstance(shortest, str) else format_duration_ms(shortest)
-
-
-class ExperimentSettings(msgspec.Struct, forbid_unknown_fields=True):
-    control: str = ""
-    """Control variant of this experiment; empty: its alphabetically first variant."""
-    variants: list[str] = msgspec.field(default_factory=list)
-    """The experiment's variants; empty: every variant."""
-    split: dict[str, float] = msgspec.field(default_factory=dict)
-    """Expected traffic share per variant for the SRM test; empty: equal split."""
-
-
-class ABSettings(msgspec.Struct, forbid_unknown_fields=True):
-    control: str = ""
-    """The control variant; empty: the alphabetically first variant seen."""
-    alpha: float = 0.05
-    tuning: float = 5000.0
-    """N* of the always-valid test: the sample size where its interval is tightest."""
-    max_variants: int = 20
-    variants: list[str] = msgspec.field(default_factory=list)
-    """Allow-list of variants exported as labels; others are folded into ``other``."""
-    split: dict[str, float] = msgspec.field(default_factory=dict)
-    """Expected traffic share per variant for the SRM test; empty: equal split."""
-    experiments: dict[str, ExperimentSettings] = msgspec.field(default_factory=dict)
-    """Named experiments, each with its own control and split; empty: one experiment
-    ``default`` over all variants with ``control`` and ``split`` above."""
-
-    def __post_init__(self) -> None:
-        if not 0 < self.alpha < 1:
-            raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
-        if self.tuning <= 0:
-            raise ValueError("tuning must be > 0")
-        if self.max_variants < 1:
-            raise ValueError("max_variants must be >= 1")
-
-
-class HttpSettings(msgspec.Struct, forbid_unknown_fields=True):
-    host: str = "0.0.0.0"
-    port: int = 9108
-    """/metrics, /healthz and /readyz; 0 disables the server."""
-    refresh_interval: str | int = "5s"
-    """Window metrics are recomputed in the background this often; 0: at every scrape."""
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.port <= 65535:
-            raise ValueError(f"port must be in 0..65535, got {self.port}")
-        _duration("refresh_interval", self.refresh_interval)
-
-
-class Settings(msgspec.Struct, forbid_unknown_fields=True):
-    """The whole configuration; see ``docs/configuration.md``."""
-
-    events: EventsSettings = msgspec.field(default_factory=EventsSettings)
-    join: JoinSettings = msgspec.field(default_factory=JoinSettings)
-    relevance: RelevanceSettings = msgspec.field(default_factory=RelevanceSettings)
-    metrics: MetricsSettings = msgspec.field(default_factory=MetricsSettings)
-    propensity: PropensitySettings = msgspec.field(default_factory=PropensitySettings)
-    cold_start: ColdStartSettings = msgspec.field(default_factory=ColdStartSettings)
-    event_time: EventTimeSettings = msgspec.field(default_factory=EventTimeSettings)
-    windows: WindowSettings = msgspec.field(default_factory=WindowSettings)
-    kafka: KafkaSettings = msgspec.field(default_factory=KafkaSettings)
-    redis: RedisSettings = msgspec.field(default_factory=RedisSettings)
-    ab: ABSettings = msgspec.field(default_factory=ABSettings)
-    http: HttpSettings = msgspec.field(default_factory=HttpSettings)
-
-    def __post_init__(self) -> None:
-        lateness = self.event_time.ms("allowed_lateness")
-        out_of_order = self.event_time.ms("max_out_of_orderness")
-        pending_ms = deadline_ms(0, self.join.rules(), lateness) + out_of_order
-        if _duration("state_ttl", self.redis.state_ttl) <= pending_ms:
-            raise ValueError(
-                f"redis.state_ttl ({self.redis.state_ttl}) must be longer than a request "
-                f"stays open ({pending_ms // 1000}s: join.attribution_window + "
-                "join.max_clock_skew + event_time.allowed_lateness + "
-                "event_time.max_out_of_orderness)"
-            )
-        if self.windows.user_buckets % self.redis.shards:
-            raise ValueError(
-                f"windows.user_buckets ({self.windows.user_buckets}) must be a multiple of "
-                f"redis.shards ({self.redis.shards})"
-            )
-
-    def layout(self) -> AggregateLayout:
-        return AggregateLayout(
-            ks=tuple(self.metrics.k),
-            windows_ms=tuple(self.windows.sizes_ms()),
-            buckets_per_window=self.windows.buckets_per_window,
-            user_buckets=self.windows.user_buckets,
-            shards=self.redis.shards,
-        )
-
-    def finalise_config(self, curve: tuple[float, ...] | None = None) -> FinaliseConfig:
-        return FinaliseConfig(
-            rules=self.join.rules(),
-            scoring=self.scoring(curve),
-            propensity_positions=self.propensity.positions if self.propensity.collect else 0,
-            layout=self.layout(),
-            min_relevant_history=self.cold_start.min_relevant_history,
-            allowed_lateness_ms=self.event_time.ms("allowed_lateness"),
-        )
-
-    def scoring(self, curve: tuple[float, ...] | None = None) -> ScoringConfig:
-        return ScoringConfig(
-            ks=tuple(self.metrics.k),
-            gain=self.metrics.gain,
-            propensity=self.propensity.build(curve),
-            propensity_clip=self.propensity.clip,
-        )
 
 
 SECRET_KEYS = ("password", "sasl_password")
@@ -493,3 +161,32 @@ def load_settings(
 ) -> Settings:
     """File, then environment, then explicit overrides (CLI flags)."""
     return build_settings(load_tree(path, environ, overrides))
+
+
+__all__ = [
+    "DEFAULT_COMPOSITE",
+    "ENV_PREFIX",
+    "SECRET_KEYS",
+    "ABSettings",
+    "ColdStartSettings",
+    "ConfigError",
+    "EventTimeSettings",
+    "EventsSettings",
+    "ExperimentSettings",
+    "HttpSettings",
+    "JoinSettings",
+    "KafkaSettings",
+    "MetricsSettings",
+    "ProfileSettings",
+    "PropensitySettings",
+    "RedisSettings",
+    "RelevanceSettings",
+    "Settings",
+    "WindowSettings",
+    "build_settings",
+    "env_overrides",
+    "load_settings",
+    "load_tree",
+    "masked",
+    "merge",
+]
