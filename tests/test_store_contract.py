@@ -318,4 +318,7 @@ def test_redis_markers_live_for_the_configured_ttls(redis_url: str, key_prefix: 
     requests, users = store.load(store.due(CONFIG.deadline(1_000), 10))
     assert store.commit(finalise(requests, users, CONFIG)) == 1
     assert 7_100 < client.ttl(shard + "f:r1") <= 7_200
+    late = interactions(("i9", "u1", "a", None, 500, "click"))
+    assert ingest(store, impressions(), late, late_before=10_000).late == 1
+    assert 7_100 < client.ttl(shard + "ux:u1") <= 7_200
     store.close()

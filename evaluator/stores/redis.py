@@ -193,6 +193,7 @@ class RedisStore:
                     self.history_cap,
                     self.history_ttl_s,
                     loose_late_before_ms,
+                    self.finalised_ttl_s,
                 ],
                 client=pipe,
             )

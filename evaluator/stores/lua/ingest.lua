@@ -2,6 +2,7 @@
 -- KEYS[1] = <tag>dl (deadline index; routing key)   ARGV[1] = key prefix with tag
 -- ARGV[2] = msgpack {impressions, interactions}   ARGV[3] = state ttl s
 -- ARGV[4] = history cap   ARGV[5] = history ttl s   ARGV[6] = loose late-before ms
+-- ARGV[7] = finalised-marker ttl s (ux: sets remember late request-less interactions)
 -- impression:  {request_id, user_id, ts, deadline, stored value}
 -- interaction: {event_id, user_id, request_id or "", ts, grade, pending value, loose member}
 local p = ARGV[1]
@@ -10,6 +11,7 @@ local ttl = tonumber(ARGV[3])
 local cap = tonumber(ARGV[4])
 local httl = tonumber(ARGV[5])
 local late_before = tonumber(ARGV[6])
+local ftl = tonumber(ARGV[7])
 local dup, late = 0, 0
 local ttl_set = {}  -- keys whose TTL this call already refreshed (one EXPIRE per key)
 local function touch(key, seconds)
@@ -55,7 +57,7 @@ for _, it in ipairs(data[2]) do
     local xk = p .. 'ux:' .. uid
     if redis.call('SADD', xk, eid) == 1 then
       late = late + 1
-      redis.call('EXPIRE', xk, ttl)
+      redis.call('EXPIRE', xk, ftl)
     else
       dup = dup + 1
     end
