@@ -92,6 +92,25 @@ def test_commit_claims_each_request_once(make_store) -> None:
     assert sum(b[:, :, 1].sum() for b in blocks.values()) == 1  # one engaged
 
 
+def test_interaction_arriving_between_load_and_commit_is_late(make_store) -> None:
+    """Finalisation may run beside ingestion (another instance, or another thread):
+    an interaction stored after the request was loaded is counted late, once."""
+    store = make_store(SETTINGS.layout())
+    ingest(
+        store,
+        impressions(("r1", "u1", 1_000, ["a", "b"])),
+        interactions(("i1", "u1", "a", "r1", 1_500, "click")),
+    )
+    requests, users = store.load(store.due(CONFIG.deadline(1_000), 10))
+    racing = interactions(("i2", "u1", "b", "r1", 1_600, "purchase"))
+    assert ingest(store, impressions(), racing).late == 0  # still open when it arrived
+    assert store.commit(finalise(requests, users, CONFIG)) == 1
+    assert store.counters().get("late", 0) == 1
+    again = ingest(store, impressions(), racing)  # redelivered: a duplicate now
+    assert (again.late, again.duplicates) == (0, 1)
+    assert store.counters().get("late", 0) == 1
+
+
 def test_commit_skips_requests_another_instance_claimed(make_store) -> None:
     store = make_store(SETTINGS.layout())
     ingest(

@@ -192,15 +192,18 @@ class MemoryStore:
 
     def commit(self, finalised: Finalised, prune_loose_before_ms: int | None = None) -> int:
         layout = self.layout
-        applied = 0
+        applied = late = 0
         observed: list[Observation] = []
         with self._lock:
             for i, request in enumerate(finalised.requests):
                 rid = request.request_id
                 if rid in self._final or rid not in self._requests:
                     continue
-                # applied interaction ids stay known: a redelivery is a duplicate, not late
-                self._final[rid] = set(self._pending.pop(rid, {}))
+                # applied interaction ids stay known: a redelivery is a duplicate, not late;
+                # ones stored after the request was loaded were not applied: they are late
+                pending = self._pending.pop(rid, {})
+                late += max(0, len(pending) - len(request.interactions))
+                self._final[rid] = set(pending)
                 _, shard = self._deadline.pop(rid)
                 del self._requests[rid]
                 user = self._user(request.user_id)
@@ -235,6 +238,8 @@ class MemoryStore:
                     observed.append(finalised.observations[i])
                 applied += 1
             self._counters["finalised"] += applied
+            if late:
+                self._counters["late"] += late
             if observed:  # counters of exactly the requests claimed here
                 self._propensity.update(increments(observed, finalised.propensity_positions))
         return applied

@@ -340,11 +340,13 @@ class RedisStore:
 
     def _increments(
         self, finalised: Finalised, rows: npt.NDArray[np.intp]
-    ) -> tuple[list[tuple[str, str, str]], list[tuple[str, int, int, int]], bytes]:
+    ) -> tuple[list[tuple[str, str, str, int]], list[tuple[str, int, int, int]], bytes]:
         """Per-block sums of the given requests' rows, ready for the commit script."""
         layout = self.layout
         requests = [finalised.requests[i] for i in rows]
-        meta = [(r.request_id, r.user_id, r.variant) for r in requests]
+        # with each request, how many named interactions finalisation saw (the rest
+        # arrived after it was loaded: late)
+        meta = [(r.request_id, r.user_id, r.variant, len(r.interactions)) for r in requests]
         local = finalised.user_bucket[rows] // layout.shards
         cohort = finalised.cohort[rows]
         keys: dict[tuple[int, int, str], int] = {}

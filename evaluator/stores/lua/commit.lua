@@ -1,6 +1,6 @@
 -- Claim finalised requests of one shard and add their statistics, atomically.
 -- KEYS[1] = <tag>dl   ARGV[1] = key prefix with tag
--- ARGV[2] = msgpack {{request_id, user_id, variant}, ...}, {{block suffix, bucket start, ttl s, window ms}, ...},
+-- ARGV[2] = msgpack {{request_id, user_id, variant, named interactions loaded}, ...}, {{block suffix, bucket start, ttl s, window ms}, ...},
 --           {propensity field, increment, ...}}  (the estimators' counters, <tag>ps)
 -- ARGV[3] = state ttl s   ARGV[4] = finalised-marker ttl s
 -- ARGV[5] = doubles per block
@@ -36,9 +36,14 @@ if open < #records then
   return {0, taken}
 end
 local users, variants = {}, {}
+local late = 0
 for _, r in ipairs(data[1]) do
   local rid, uid = r[1], r[2]
   local fk, rik = p .. 'f:' .. rid, p .. 'ri:' .. rid
+  -- interactions stored after the request was loaded (ingest runs beside finalisation)
+  -- were not applied: they are late
+  local extra = redis.call('HLEN', rik) - r[4]
+  if extra > 0 then late = late + extra end
   -- keep the ids of the interactions applied to the request: one redelivered after a
   -- crash is then a duplicate, not a late event
   redis.call('HSET', rik, '_', 1)
@@ -94,4 +99,5 @@ end
 local ps = data[3] or {}
 for i = 1, #ps, 2 do redis.call('HINCRBY', p .. 'ps', ps[i], ps[i + 1]) end
 redis.call('HINCRBY', p .. 'c', 'finalised', #data[1])
+if late > 0 then redis.call('HINCRBY', p .. 'c', 'late', late) end
 return {#data[1], {}}
