@@ -92,6 +92,33 @@ def test_commit_claims_each_request_once(make_store) -> None:
     assert sum(b[:, :, 1].sum() for b in blocks.values()) == 1  # one engaged
 
 
+@pytest.mark.parametrize("sizes", [["5m", "1h", "24h"], ["7m", "1h"]])
+def test_longer_windows_hold_the_union_of_their_buckets(make_store, sizes) -> None:
+    """Requests finalised in several short buckets, in separate commits, all count in
+    the longer windows' buckets (merged sketches, or fed directly when the bucket
+    widths do not nest)."""
+    settings = load_settings(environ={}, overrides={"windows": {"sizes": sizes}})
+    layout, config = settings.layout(), settings.finalise_config()
+    store = make_store(layout)
+    step = layout.bucket_width(min(layout.windows_ms))
+    base = 10 * max(layout.windows_ms)  # bucket-aligned for every window
+    lists = {}
+    for n in range(4):  # one request per short bucket, all in one long bucket
+        ts = base - config.deadline(0) + n * step + 1
+        lists[f"r{n}"] = [f"i{n}_{j}" for j in range(12)] + ["shared"]
+        ingest(store, impressions((f"r{n}", f"u{n}", ts, lists[f"r{n}"])), interactions())
+        requests, users = store.load(store.due(config.deadline(ts), 10))
+        assert store.commit(finalise(requests, users, config)) == 1
+    everything = set().union(*lists.values())
+    top10 = set().union(*(items[:10] for items in lists.values()))
+    for window in layout.windows_ms[1:]:
+        start = int(layout.bucket_start(window, np.array([base]))[0])
+        counts, catalog = store.distinct_items(window, [start], ["A"])
+        assert counts[("A", 10)] == pytest.approx(len(top10), abs=0.5), window
+        assert counts[("A", 20)] == pytest.approx(len(everything), abs=0.5), window
+    assert catalog == pytest.approx(len(everything), abs=0.5)
+
+
 def test_interaction_arriving_between_load_and_commit_is_late(make_store) -> None:
     """Finalisation may run beside ingestion (another instance, or another thread):
     an interaction stored after the request was loaded is counted late, once."""

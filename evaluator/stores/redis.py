@@ -276,36 +276,43 @@ class RedisStore:
         return f"{{{self.prefix}:cov}}:{window}:{start}:{variant}:{k}"
 
     def _add_items(self, finalised: Finalised) -> None:
-        """Coverage sketches (HyperLogLog); PFADD is idempotent, so retries are harmless.
+        """Coverage sketches (HyperLogLog); PFADD and PFMERGE are idempotent, so retries
+        are harmless.
 
-        Items are gathered per sketch first, so a batch costs one PFADD per sketch.
+        Items are gathered per sketch first, so a batch costs one PFADD per sketch,
+        and only windows without a :meth:`AggregateLayout.sketch_source` get items;
+        the others merge the source window's touched sketches in the same script.
         """
         layout = self.layout
-        requests = finalised.requests
-        lists = [r.items for r in requests]
+        lists = [r.items for r in finalised.requests]
+        variants = [r.variant for r in finalised.requests]
         tops = {k: [items[:k] for items in lists] for k in layout.ks}  # sliced once
         gathered: dict[str, set[str]] = {}
+        merges: list[str] = []
         for window in layout.windows_ms:
-            starts = layout.bucket_start(window, finalised.deadline_ms).tolist()
-            groups: dict[tuple[int, str], list[int]] = defaultdict(list)
-            for row, (start, request) in enumerate(zip(starts, requests, strict=True)):
-                groups[(start, request.variant)].append(row)
+            if layout.sketch_source(window) is not None:
+                continue
+            fed = [w for w in layout.windows_ms if layout.sketch_source(w) == window]
+            groups = _rows_by(layout.bucket_start(window, finalised.deadline_ms).tolist(), variants)
             for (start, variant), rows in groups.items():
                 for k, top in tops.items():
                     key = self._cov_key(window, start, variant, k)
                     gathered[key] = set(chain.from_iterable(map(top.__getitem__, rows)))
-            if window == max(layout.windows_ms):
-                by_start: dict[int, list[int]] = defaultdict(list)
-                for row, start in enumerate(starts):
-                    by_start[start].append(row)
-                for start, rows in by_start.items():
-                    key = self._cov_key(window, start, "*", 0)
-                    gathered[key] = set(chain.from_iterable(map(lists.__getitem__, rows)))
-        args: list[str | int] = [self.block_ttl_s]
+                    for longer in fed:
+                        merges += [
+                            self._cov_key(longer, _longer_start(layout, longer, start), variant, k),
+                            key,
+                        ]
+        longest = max(layout.windows_ms)
+        catalog = _rows_by(layout.bucket_start(longest, finalised.deadline_ms).tolist(), None)
+        for (start, _), rows in catalog.items():
+            key = self._cov_key(longest, start, "*", 0)
+            gathered[key] = set(chain.from_iterable(map(lists.__getitem__, rows)))
+        args: list[str | int] = [self.block_ttl_s, len(gathered)]
         for key, items in gathered.items():
             args += [key, SEP.join(items)]
-        if len(args) > 1:
-            self._pfadd(keys=[f"{{{self.prefix}:cov}}:route"], args=args)
+        if gathered:
+            self._pfadd(keys=[f"{{{self.prefix}:cov}}:route"], args=[*args, *merges])
 
     def distinct_items(
         self, window_ms: int, bucket_starts: Sequence[int], variants: Sequence[str]
@@ -512,6 +519,19 @@ class RedisStore:
 
     def close(self) -> None:
         self.client.close()
+
+
+def _rows_by(starts: list[int], variants: list[str] | None) -> dict[tuple[int, str], list[int]]:
+    """Rows grouped by (bucket start, variant); variant "" when ``variants`` is None."""
+    groups: dict[tuple[int, str], list[int]] = defaultdict(list)
+    for row, start in enumerate(starts):
+        groups[(start, variants[row] if variants is not None else "")].append(row)
+    return groups
+
+
+def _longer_start(layout: AggregateLayout, window_ms: int, start_ms: int) -> int:
+    """Start of the ``window_ms`` bucket holding the bucket that starts at ``start_ms``."""
+    return int(layout.bucket_start(window_ms, np.array([start_ms], dtype=np.int64))[0])
 
 
 def _start(name: str) -> int:
