@@ -7,7 +7,8 @@ Each repeat produces the same events to fresh topics (4 partitions each), then
 1. times a plain kafka-python consumer reading every message of both topics
    (no decoding): the ceiling;
 2. starts `python -m evaluator run` and times it from its first committed offset
-   until every offset is committed (state durable in Redis).
+   until every offset is committed (state durable in Redis) and every request
+   the watermark has passed is finalised (finalisation runs on its own thread).
 It also reports Redis memory per open request: impressions of 20 items are
 ingested with nothing finalised, and used_memory grows by that much per request.
 """
@@ -81,6 +82,10 @@ def committed(admin: KafkaAdminClient, group: str) -> int:
     return sum(meta.offset for meta in offsets.values() if meta.offset > 0)
 
 
+SHARDS = 16
+"""redis.shards of the measured evaluator (the default)."""
+SETTLE_S = 2.0
+"""After the last offset commit, the run ends once no request was finalised for this long."""
 ESTIMATOR = "none"
 """propensity.estimator of the measured evaluator (``--estimator``)."""
 ATTRIBUTION_WINDOW = "30m"
@@ -109,15 +114,25 @@ def evaluator_rate(bootstrap: str, redis_url: str, name: str, total: int, log: P
             cwd=ROOT,
         )
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    start = None
+    client = redis.Redis.from_url(redis_url)
+    counters = [f"{{{name}:{shard}}}:c" for shard in range(SHARDS)]
+    start = offsets_at = changed_at = None
+    last = -1
     try:
         while True:
             done = committed(admin, f"{name}-eval")
+            count = sum(int(client.hget(key, "finalised") or 0) for key in counters)
             now = time.perf_counter()
             if done and start is None:
                 start, first = now, done
-            if done >= total:
-                return (total - first) / (now - start)
+            if done >= total and offsets_at is None:
+                offsets_at = now
+            if count != last:
+                last, changed_at = count, now
+            # finalisation runs beside ingestion: the run ends when every offset is
+            # committed and the finalised count has settled (the quiet time not counted)
+            if offsets_at is not None and now - changed_at > SETTLE_S:
+                return (total - first) / (max(offsets_at, changed_at) - start)
             if proc.poll() is not None:
                 raise SystemExit(f"evaluator exited; see {log}")
             time.sleep(0.05)
@@ -125,14 +140,30 @@ def evaluator_rate(bootstrap: str, redis_url: str, name: str, total: int, log: P
         proc.terminate()
         proc.wait()
         admin.close()
+        client.close()
 
 
 def finalised(redis_url: str, name: str) -> int:
     """Requests finalised (exactly-once counter) under a key prefix."""
     client = redis.Redis.from_url(redis_url)
-    total = sum(int(client.hget(k, "finalised") or 0) for k in client.scan_iter(f"{{{name}:*}}:c"))
+    total = sum(int(client.hget(f"{{{name}:{s}}}:c", "finalised") or 0) for s in range(SHARDS))
     client.close()
     return total
+
+
+def drop_prefix(redis_url: str, name: str) -> None:
+    """Delete a run's keys (untimed). Left behind, every run's state piles up, and
+    Redis's automatic AOF rewrite of it took a whole core during later runs."""
+    client = redis.Redis.from_url(redis_url)
+    batch: list[bytes] = []
+    for key in client.scan_iter(f"{{{name}:*", count=10_000):
+        batch.append(key)
+        if len(batch) >= 10_000:
+            client.unlink(*batch)
+            batch = []
+    if batch:
+        client.unlink(*batch)
+    client.close()
 
 
 def memory_per_request(bootstrap: str, redis_url: str, requests: int, log: Path) -> float:
@@ -144,6 +175,7 @@ def memory_per_request(bootstrap: str, redis_url: str, requests: int, log: Path)
     produce(bootstrap, name, imps, [])
     evaluator_rate(bootstrap, redis_url, name, len(imps), log)
     after = client.info("memory")["used_memory"]
+    drop_prefix(redis_url, name)
     return (after - before) / requests
 
 
@@ -193,6 +225,7 @@ def main() -> None:
                 f"ratio {evals[-1] / raws[-1]:.2f}, "
                 f"{finalised(redis_url, name):,} requests finalised"
             )
+            drop_prefix(redis_url, name)
         mem = (
             0.0
             if args.skip_memory
