@@ -27,6 +27,7 @@ from evaluator.events import ImpressionBatch, InteractionBatch
 from evaluator.finalise import Finalised, OpenRequest, UserContext
 from evaluator.propensity_estimation import increments
 from evaluator.stores.base import DueRequest, FloatArray, IngestCounts, PartitionProgress
+from evaluator.stores.block_cache import NO_LOWER_BOUND, BlockCache
 from evaluator.stores.redis_codec import (
     SEP,
     decode_context,
@@ -114,12 +115,7 @@ class RedisStore:
         self._pfadd = client.register_script(_script("pfadd"))
         self._progress = client.register_script(_script("progress"))
         self._meta = f"{{{prefix}:meta}}:"
-        self._cache: dict[tuple[int, int], dict[str, FloatArray]] = {}
-        self._versions: dict[tuple[int, int], int] = {}
-        self._assembled: dict[int, dict[tuple[int, str], FloatArray]] = {}
-        self._owners: dict[tuple[int, tuple[int, str]], set[int]] = {}
-        self._primed: dict[int, int] = {}
-        self._evicted_below: dict[tuple[int, int], int] = {}
+        self._blocks = BlockCache(layout)
 
     def tag(self, shard: int) -> str:
         return f"{{{self.prefix}:{shard}}}:"
@@ -381,96 +377,33 @@ class RedisStore:
         window's index; later reads fetch only blocks written since the previous
         read. The result is always current, and reading is cheap once warm.
         """
-        lo = -(2**62) if since_ms is None else since_ms
+        cache = self._blocks
+        lo = NO_LOWER_BOUND if since_ms is None else since_ms
         hi = 2**62 if until_ms is None else until_ms
-        primed = self._primed.get(window_ms)
-        full = primed is None or lo < primed
+        full = cache.needs_listing(window_ms, lo)
         shards = range(self.layout.shards)
         pipe = self.client.pipeline(transaction=False)
         for shard in shards:
             tag = self.tag(shard)
             if full:
                 pipe.zrangebyscore(f"{tag}bi:{window_ms}", lo, "+inf")
-            seen = self._versions.get((window_ms, shard), 0)
+            seen = cache.version(window_ms, shard)
             pipe.zrangebyscore(f"{tag}mod:{window_ms}", f"({seen}", "+inf", withscores=True)
         replies = iter(pipe.execute())
-        wanted: dict[int, list[str]] = {}
+        wanted: list[tuple[int, list[str]]] = []
         for shard in shards:
             listed = [_text(n) for n in next(replies)] if full else None
-            wanted[shard] = self._refresh(window_ms, shard, lo, listed, next(replies))
-        self._primed[window_ms] = lo
-        self._fetch(window_ms, wanted)
-        return self._assemble(window_ms, lo, hi)
-
-    def _refresh(
-        self,
-        window_ms: int,
-        shard: int,
-        lo: int,
-        listed: list[str] | None,
-        changed: list[tuple[bytes, float]],
-    ) -> list[str]:
-        """Update one shard's cache bookkeeping; returns the block names to fetch."""
-        cache = self._cache.setdefault((window_ms, shard), {})
-        fetch = [] if listed is None else [n for n in listed if n not in cache]
-        for raw, version in changed:
-            name = _text(raw)
-            if cache.pop(name, None) is not None:
-                self._place(window_ms, shard, name, None)
-            fetch.append(name)
-            key = (window_ms, shard)
-            self._versions[key] = max(self._versions.get(key, 0), int(version))
-        if listed is not None:  # a fresh listing: nothing below lo was fetched
-            self._evicted_below[(window_ms, shard)] = min(
-                lo, self._evicted_below.get((window_ms, shard), lo)
-            )
-        if lo > self._evicted_below.get((window_ms, shard), -(2**62)):
-            for name in [n for n in cache if _start(n) < lo]:
-                del cache[name]
-                self._place(window_ms, shard, name, None)
-            self._evicted_below[(window_ms, shard)] = lo
-        return [n for n in dict.fromkeys(fetch) if _start(n) >= lo]
-
-    def _fetch(self, window_ms: int, wanted: dict[int, list[str]]) -> None:
+            changed = [(_text(n), int(v)) for n, v in next(replies)]
+            names = cache.refresh(window_ms, shard, lo, listed, changed)
+            if names:
+                wanted.append((shard, names))
+        cache.listed(window_ms, lo)
         pipe = self.client.pipeline(transaction=False)
-        order = [(shard, names) for shard, names in wanted.items() if names]
-        for shard, names in order:  # one MGET per shard: a single slot each
+        for shard, names in wanted:  # one MGET per shard: a single slot each
             pipe.mget([f"{self.tag(shard)}b:{name}" for name in names])
-        shape = self.layout.block_shape
-        for (shard, names), raws in zip(order, pipe.execute(), strict=True):
-            cache = self._cache[(window_ms, shard)]
-            for name, raw in zip(names, raws, strict=True):
-                if raw is not None:
-                    cache[name] = np.frombuffer(raw, dtype="<f8").reshape(shape)
-                    self._place(window_ms, shard, name, cache[name])
-
-    def _place(self, window_ms: int, shard: int, name: str, block: FloatArray | None) -> None:
-        """Keep the assembled (2, user_buckets, row) array of each bucket up to date."""
-        layout = self.layout
-        _, start, variant = name.split(":", 2)
-        key = (int(start), variant)
-        assembled = self._assembled.setdefault(window_ms, {})
-        owners = self._owners.setdefault((window_ms, key), set())
-        if block is None:
-            owners.discard(shard)
-            if not owners:
-                assembled.pop(key, None)
-                del self._owners[(window_ms, key)]
-                return
-        else:
-            owners.add(shard)
-        if key not in assembled:
-            assembled[key] = np.zeros((2, layout.user_buckets, layout.row_width))
-        # user bucket = local * shards + shard
-        assembled[key][:, shard :: layout.shards, :] = 0.0 if block is None else block
-
-    def _assemble(self, window_ms: int, lo: int, hi: int) -> dict[tuple[int, str], FloatArray]:
-        """Assembled buckets starting in [lo, hi] (shared with the cache: read only)."""
-        return {
-            key: block
-            for key, block in self._assembled.get(window_ms, {}).items()
-            if lo <= key[0] <= hi
-        }
+        for (shard, names), raws in zip(wanted, pipe.execute(), strict=True):
+            cache.put(window_ms, shard, names, raws)
+        return cache.assemble(window_ms, lo, hi)
 
     def record_progress(self, progress: Mapping[str, PartitionProgress]) -> None:
         args: list[Any] = []
@@ -532,11 +465,6 @@ def _rows_by(starts: list[int], variants: list[str] | None) -> dict[tuple[int, s
 def _longer_start(layout: AggregateLayout, window_ms: int, start_ms: int) -> int:
     """Start of the ``window_ms`` bucket holding the bucket that starts at ``start_ms``."""
     return int(layout.bucket_start(window_ms, np.array([start_ms], dtype=np.int64))[0])
-
-
-def _start(name: str) -> int:
-    """Bucket start of a block name ``<window>:<start>:<variant>``."""
-    return int(name.split(":", 2)[1])
 
 
 def _text(value: bytes | str | None) -> str:
