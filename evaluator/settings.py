@@ -195,6 +195,8 @@ class RedisSettings(msgspec.Struct, forbid_unknown_fields=True):
     shards: int = 16
     """Hash-tagged key groups (users are spread over them); must divide user_buckets."""
     retry_attempts: int = 5
+    cluster: bool = False
+    """``url`` names a node of a Redis Cluster (the key layout is the same)."""
     state_ttl: str | int = "48h"
     """Lifetime of open-request state (records, pending interactions, user indexes),
     refreshed by writes; must outlast the time to finalisation."""

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Start and stop a real single-node Kafka (KRaft) broker and a real Redis on loopback.
+"""Start and stop a real single-node Kafka (KRaft) broker and real Redis servers on loopback.
 
-    python3 scripts/services.py start   # idempotent; prints KAFKA_BOOTSTRAP_SERVERS and REDIS_URL
+    python3 scripts/services.py start   # idempotent; prints KAFKA_BOOTSTRAP_SERVERS,
+                                        # REDIS_URL and REDIS_CLUSTER_URL
     python3 scripts/services.py stop
     python3 scripts/services.py env     # print the settings of running services
 
 Kafka runs from the official Apache jars fetched through Maven (deploy/kafka/pom.xml)
-into .cache/kafka-libs; Redis is Debian's redis-server. Each start uses free ports
+into .cache/kafka-libs; Redis is Debian's redis-server, once standalone and once as
+a one-node Redis Cluster serving every slot. Each start uses free ports
 and a fresh data folder under .cache/services. Standard library only.
 """
 
@@ -72,8 +74,12 @@ def read_env() -> dict[str, str]:
     return dict(pairs)
 
 
+PID_KEYS = ("KAFKA_PID", "REDIS_PID", "REDIS_CLUSTER_PID")
+URL_KEYS = ("KAFKA_BOOTSTRAP_SERVERS", "REDIS_URL", "REDIS_CLUSTER_URL")
+
+
 def running(env: dict[str, str]) -> bool:
-    pids = [env.get("KAFKA_PID"), env.get("REDIS_PID")]
+    pids = [env.get(key) for key in PID_KEYS]
     return all(p and alive(int(p)) for p in pids)
 
 
@@ -125,12 +131,16 @@ def wait_for(predicate, what: str, timeout: float, proc: subprocess.Popen | None
     fail(f"{what} did not become ready within {timeout:.0f}s; see {STATE}")
 
 
-def start_redis(data: Path) -> tuple[int, int]:
+def start_redis(data: Path, cluster: bool = False) -> tuple[int, int]:
+    """A redis-server on a free loopback port; ``cluster``: a one-node Redis Cluster
+    that serves every slot (what the store's Cluster mode is tested against)."""
     port = free_port()
     data.mkdir(parents=True)
+    extra = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"] if cluster else []
     subprocess.run(
         [
             "redis-server",
+            *extra,
             "--port",
             str(port),
             "--bind",
@@ -160,6 +170,19 @@ def start_redis(data: Path) -> tuple[int, int]:
         return out.stdout.strip() == "PONG"
 
     wait_for(ready, "redis-server", 20)
+    if cluster:
+        cli = ["redis-cli", "-p", str(port)]
+        subprocess.run(
+            [*cli, "cluster", "addslotsrange", "0", "16383"], check=True, capture_output=True
+        )
+
+        def serving() -> bool:
+            out = subprocess.run(
+                [*cli, "cluster", "info"], capture_output=True, text=True, check=False
+            )
+            return "cluster_state:ok" in out.stdout
+
+        wait_for(serving, "redis-server (cluster)", 20)
     return port, int((data / "redis.pid").read_text().strip())
 
 
@@ -238,12 +261,15 @@ def start() -> None:
     fetch_kafka()
     run_dir = STATE / time.strftime("run-%Y%m%d-%H%M%S")
     redis_port, redis_pid = start_redis(run_dir / "redis")
+    cluster_port, cluster_pid = start_redis(run_dir / "redis-cluster", cluster=True)
     kafka_port, kafka_pid = start_kafka(run_dir / "kafka")
     env = {
         "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{kafka_port}",
         "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+        "REDIS_CLUSTER_URL": f"redis://127.0.0.1:{cluster_port}",
         "KAFKA_PID": str(kafka_pid),
         "REDIS_PID": str(redis_pid),
+        "REDIS_CLUSTER_PID": str(cluster_pid),
         "SERVICES_DIR": str(run_dir),
     }
     ENV_FILE.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
@@ -251,13 +277,13 @@ def start() -> None:
 
 
 def print_env(env: dict[str, str]) -> None:
-    for key in ("KAFKA_BOOTSTRAP_SERVERS", "REDIS_URL"):
+    for key in URL_KEYS:
         print(f"export {key}={env[key]}")
 
 
 def stop(quiet: bool = False) -> None:
     env = read_env()
-    for key in ("KAFKA_PID", "REDIS_PID"):
+    for key in PID_KEYS:
         pid = int(env[key]) if env.get(key) else 0
         if pid and alive(pid):
             os.kill(pid, signal.SIGTERM)

@@ -16,8 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _services_env() -> dict[str, str]:
     """Settings of running services: from the environment, else `scripts/services.py start`."""
+    given = ("KAFKA_BOOTSTRAP_SERVERS", "REDIS_URL", "REDIS_CLUSTER_URL")
     if os.environ.get("KAFKA_BOOTSTRAP_SERVERS") and os.environ.get("REDIS_URL"):
-        return {k: os.environ[k] for k in ("KAFKA_BOOTSTRAP_SERVERS", "REDIS_URL")}
+        return {k: os.environ[k] for k in given if os.environ.get(k)}
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "services.py"), "start"],
         capture_output=True,
@@ -44,6 +45,15 @@ def redis_url(services: dict[str, str]) -> str:
 
 
 @pytest.fixture(scope="session")
+def redis_cluster_url(services: dict[str, str]) -> str:
+    """A Redis Cluster node (`scripts/services.py` starts a one-node cluster)."""
+    url = services.get("REDIS_CLUSTER_URL") or os.environ.get("REDIS_CLUSTER_URL")
+    if not url:
+        pytest.skip("REDIS_CLUSTER_URL is not set (given services without a Redis Cluster)")
+    return url
+
+
+@pytest.fixture(scope="session")
 def kafka_bootstrap(services: dict[str, str]) -> str:
     return services.get("KAFKA_BOOTSTRAP_SERVERS") or os.environ["KAFKA_BOOTSTRAP_SERVERS"]
 
@@ -53,7 +63,7 @@ def key_prefix() -> str:
     return f"test-{uuid.uuid4().hex[:10]}"
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "redis-cluster"])
 def make_store(request: pytest.FixtureRequest, key_prefix: str) -> Iterator:
     """A factory building a fresh state store of each kind for a layout."""
     from evaluator.stores.memory import MemoryStore
@@ -66,8 +76,10 @@ def make_store(request: pytest.FixtureRequest, key_prefix: str) -> Iterator:
         else:
             from evaluator.stores.redis import RedisStore, connect
 
-            url = request.getfixturevalue("redis_url")
-            store = RedisStore(connect(url), layout, prefix=key_prefix, history_cap=history_cap)
+            cluster = request.param == "redis-cluster"
+            url = request.getfixturevalue("redis_cluster_url" if cluster else "redis_url")
+            client = connect(url, cluster=cluster)
+            store = RedisStore(client, layout, prefix=key_prefix, history_cap=history_cap)
             store.check_layout()
         created.append(store)
         return store

@@ -34,6 +34,8 @@ class LiveEnv:
     redis_url: str
     name: str
     partitions: int = 4
+    cluster: bool = False
+    """``redis_url`` names a Redis Cluster node."""
 
     @property
     def environ(self) -> dict[str, str]:
@@ -50,6 +52,7 @@ class LiveEnv:
             "EVALUATOR_KAFKA__SESSION_TIMEOUT": "10s",
             "EVALUATOR_HTTP__REFRESH_INTERVAL": "1s",
             "EVALUATOR_PROPENSITY__ESTIMATOR": "em",
+            "EVALUATOR_REDIS__CLUSTER": "true" if self.cluster else "false",
         }
 
     def settings(self) -> Settings:
@@ -84,7 +87,8 @@ class LiveEnv:
         )
 
     def store(self) -> RedisStore:
-        return RedisStore(connect(self.redis_url), self.settings().layout(), prefix=self.name)
+        client = connect(self.redis_url, cluster=self.cluster)
+        return RedisStore(client, self.settings().layout(), prefix=self.name)
 
 
 def free_port() -> int:
@@ -93,8 +97,8 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def new_env(bootstrap: str, redis_url: str) -> LiveEnv:
-    env = LiveEnv(bootstrap, redis_url, f"e2e-{uuid.uuid4().hex[:8]}")
+def new_env(bootstrap: str, redis_url: str, cluster: bool = False) -> LiveEnv:
+    env = LiveEnv(bootstrap, redis_url, f"e2e-{uuid.uuid4().hex[:8]}", cluster=cluster)
     env.create_topics()
     return env
 

@@ -168,6 +168,15 @@ def test_two_instances_give_the_same_aggregates(kafka_bootstrap, redis_url, tmp_
     finish(env, events, late, procs, tmp_path)
 
 
+def test_two_instances_on_redis_cluster(kafka_bootstrap, redis_cluster_url, tmp_path) -> None:
+    """The same on a Redis Cluster: scripts and multi-key reads routed by hash tag."""
+    env = new_env(kafka_bootstrap, redis_cluster_url, cluster=True)
+    events, late = dataset(35, env.settings())
+    procs = [env.start(tmp_path / "a.log"), env.start(tmp_path / "b.log")]
+    produce_events(env, events, 35, invalid=False)
+    finish(env, events, late, procs, tmp_path)
+
+
 def test_sigkill_mid_stream_loses_and_doubles_nothing(kafka_bootstrap, redis_url, tmp_path) -> None:
     env = new_env(kafka_bootstrap, redis_url)
     events, late = dataset(33, env.settings())

@@ -36,6 +36,7 @@ def build_store(settings: Settings) -> RedisStore:
         tls=r.tls,
         ca_certs=r.ssl_ca_certs,
         retries=r.retry_attempts,
+        cluster=r.cluster,
     )
     store = RedisStore(
         client,

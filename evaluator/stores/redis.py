@@ -10,6 +10,7 @@ single atomic claim.
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from importlib import resources
@@ -21,6 +22,8 @@ import numpy as np
 import numpy.typing as npt
 import redis
 from redis.backoff import ExponentialBackoff
+from redis.cluster import RedisCluster
+from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
 from evaluator.events import ImpressionBatch, InteractionBatch
@@ -38,6 +41,7 @@ from evaluator.stores.redis_codec import (
 )
 from evaluator.windows import AggregateLayout, shard_of
 
+SCRIPTS = ("ingest", "load", "commit", "pfadd", "progress")
 MAX_LUA_VALUES = 7000
 """Redis' Lua unpacks at most ~8000 values at once; a block must stay below that."""
 
@@ -50,6 +54,10 @@ def _script(name: str) -> str:
     return resources.files("evaluator.stores").joinpath(f"lua/{name}.lua").read_text()
 
 
+Client = redis.Redis | RedisCluster
+"""A standalone Redis client, or a Redis Cluster client (same commands and key layout)."""
+
+
 def connect(
     url: str,
     *,
@@ -58,11 +66,15 @@ def connect(
     tls: bool = False,
     ca_certs: str = "",
     retries: int = 5,
-) -> redis.Redis:
-    """A client with bounded, exponentially backed-off retries on connection errors."""
+    cluster: bool = False,
+) -> Client:
+    """A client with bounded, exponentially backed-off retries on connection errors.
+
+    ``cluster``: ``url`` names one node of a Redis Cluster; the client discovers the
+    others and routes each command (and each script, by its hash-tagged key) to the
+    node serving its slot."""
+    retry = Retry(ExponentialBackoff(cap=2.0, base=0.05), retries)
     options: dict[str, Any] = {
-        "retry": Retry(ExponentialBackoff(cap=2.0, base=0.05), retries),
-        "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
         "health_check_interval": 30,
         "socket_timeout": 10,
         "socket_connect_timeout": 5,
@@ -75,7 +87,10 @@ def connect(
         url = "rediss://" + url[len("redis://") :]
     if ca_certs:
         options["ssl_ca_certs"] = ca_certs
-    return redis.Redis.from_url(url, **options)
+    if cluster:
+        return RedisCluster.from_url(url, retry=retry, **options)
+    retry_on = [redis.ConnectionError, redis.TimeoutError]
+    return redis.Redis.from_url(url, retry=retry, retry_on_error=retry_on, **options)
 
 
 class RedisStore:
@@ -83,7 +98,7 @@ class RedisStore:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: Client,
         layout: AggregateLayout,
         *,
         prefix: str = "recsys",
@@ -109,16 +124,41 @@ class RedisStore:
         self.history_ttl_s = history_ttl_s
         self.block_ttl_s = (max(layout.windows_ms) * 2) // 1000 + 3600
         """Longest block lifetime; each window's blocks live 2 x window + 1 h."""
-        self._ingest = client.register_script(_script("ingest"))
-        self._commit = client.register_script(_script("commit"))
-        self._load = client.register_script(_script("load"))
-        self._pfadd = client.register_script(_script("pfadd"))
-        self._progress = client.register_script(_script("progress"))
+        self._sources = {name: _script(name) for name in SCRIPTS}
+        self._sha = {
+            name: hashlib.sha1(src.encode()).hexdigest() for name, src in self._sources.items()
+        }
+        self._pfadd = client.register_script(self._sources["pfadd"])
+        self._progress = client.register_script(self._sources["progress"])
+        self._load_scripts()
         self._meta = f"{{{prefix}:meta}}:"
         self._blocks = BlockCache(layout)
 
     def tag(self, shard: int) -> str:
         return f"{{{self.prefix}:{shard}}}:"
+
+    def _load_scripts(self) -> None:
+        """Load the Lua scripts (on every primary of a Cluster), so pipelines can call
+        them by SHA: Cluster pipelines cannot load scripts themselves."""
+        for src in self._sources.values():
+            self.client.script_load(src)
+
+    def _call(self, pipe: Any, name: str, key: str, args: Sequence[Any]) -> None:
+        """Queue a script call on a pipeline (one key: it routes the call to its slot;
+        a raw command, since Cluster pipelines refuse the ``evalsha`` helper)."""
+        pipe.execute_command(
+            "EVALSHA", self._sha[name], 1, key, *args
+        )  # Cluster pipelines block .evalsha()
+
+    def _execute(self, pipe: Any) -> list[Any]:
+        """Run a pipeline. After a Redis restart or failover the scripts may be gone: they
+        are loaded again and the error re-raised, so the caller retries the (idempotent)
+        batch."""
+        try:
+            return cast("list[Any]", pipe.execute())
+        except NoScriptError:
+            self._load_scripts()
+            raise
 
     def check_layout(self) -> None:
         key = self._meta + "layout"
@@ -180,9 +220,11 @@ class RedisStore:
         packed = cast("dict[int, bytes]", prepared)
         pipe = self.client.pipeline(transaction=False)
         for shard, payload in packed.items():
-            self._ingest(
-                keys=[self.tag(shard) + "dl"],
-                args=[
+            self._call(
+                pipe,
+                "ingest",
+                self.tag(shard) + "dl",
+                [
                     self.tag(shard),
                     payload,
                     self.state_ttl_s,
@@ -191,10 +233,9 @@ class RedisStore:
                     loose_late_before_ms,
                     self.finalised_ttl_s,
                 ],
-                client=pipe,
             )
         counts = IngestCounts()
-        for dup, late in pipe.execute():
+        for dup, late in self._execute(pipe):
             counts.duplicates += int(dup)
             counts.late += int(late)
         return counts
@@ -217,10 +258,10 @@ class RedisStore:
             by_shard[shard].append(rid)
         pipe = self.client.pipeline(transaction=False)
         for shard, rids in by_shard.items():
-            self._load(keys=[self.tag(shard) + "dl"], args=[self.tag(shard), *rids], client=pipe)
+            self._call(pipe, "load", self.tag(shard) + "dl", [self.tag(shard), *rids])
         requests: list[OpenRequest] = []
         contexts: list[tuple[str, list[list[bytes]]]] = []
-        for found, users in pipe.execute():
+        for found, users in self._execute(pipe):
             for rid, value, pending in found:
                 requests.append(decode_request(_text(rid), value, pending))
             contexts += [(_text(user[0]), user[1:]) for user in users]
@@ -242,9 +283,11 @@ class RedisStore:
             for shard in order:
                 meta, blocks, increments = self._increments(finalised, pending[shard])
                 counts = _propensity_increments(finalised, pending[shard])
-                self._commit(
-                    keys=[self.tag(shard) + "dl"],
-                    args=[
+                self._call(
+                    pipe,
+                    "commit",
+                    self.tag(shard) + "dl",
+                    [
                         self.tag(shard),
                         msgspec.msgpack.encode((meta, blocks, counts)),
                         self.state_ttl_s,
@@ -253,10 +296,9 @@ class RedisStore:
                         prune,
                         increments,
                     ],
-                    client=pipe,
                 )
             retry: dict[int, npt.NDArray[np.intp]] = {}
-            for shard, (count, taken) in zip(order, pipe.execute(), strict=True):
+            for shard, (count, taken) in zip(order, self._execute(pipe), strict=True):
                 applied += int(count)
                 if taken:
                     gone = {_text(t) for t in taken}
@@ -316,8 +358,10 @@ class RedisStore:
         pipe = self.client.pipeline(transaction=False)
         wanted = [(v, k) for v in variants for k in self.layout.ks]
         for variant, k in wanted:
-            pipe.pfcount(*[self._cov_key(window_ms, b, variant, k) for b in bucket_starts])
-        pipe.pfcount(*self._catalog_keys(bucket_starts[-1] if bucket_starts else 0))
+            _same_slot(
+                pipe, "PFCOUNT", [self._cov_key(window_ms, b, variant, k) for b in bucket_starts]
+            )
+        _same_slot(pipe, "PFCOUNT", self._catalog_keys(bucket_starts[-1] if bucket_starts else 0))
         replies = [float(n) for n in pipe.execute()]
         return dict(zip(wanted, replies[:-1], strict=True)), replies[-1]
 
@@ -328,9 +372,8 @@ class RedisStore:
             return [0.0] * len(groups)
         pipe = self.client.pipeline(transaction=False)
         for a, b, k in groups:
-            pipe.pfcount(
-                *[self._cov_key(window_ms, s, v, k) for s in bucket_starts for v in (a, b)]
-            )
+            keys = [self._cov_key(window_ms, s, v, k) for s in bucket_starts for v in (a, b)]
+            _same_slot(pipe, "PFCOUNT", keys)
         return [float(n) for n in pipe.execute()]
 
     def _catalog_keys(self, until_ms: int) -> list[str]:
@@ -400,7 +443,7 @@ class RedisStore:
         cache.listed(window_ms, lo)
         pipe = self.client.pipeline(transaction=False)
         for shard, names in wanted:  # one MGET per shard: a single slot each
-            pipe.mget([f"{self.tag(shard)}b:{name}" for name in names])
+            _same_slot(pipe, "MGET", [f"{self.tag(shard)}b:{name}" for name in names])
         for (shard, names), raws in zip(wanted, pipe.execute(), strict=True):
             cache.put(window_ms, shard, names, raws)
         return cache.assemble(window_ms, lo, hi)
@@ -465,6 +508,13 @@ def _rows_by(starts: list[int], variants: list[str] | None) -> dict[tuple[int, s
 def _longer_start(layout: AggregateLayout, window_ms: int, start_ms: int) -> int:
     """Start of the ``window_ms`` bucket holding the bucket that starts at ``start_ms``."""
     return int(layout.bucket_start(window_ms, np.array([start_ms], dtype=np.int64))[0])
+
+
+def _same_slot(pipe: Any, command: str, keys: Sequence[str]) -> None:
+    """Queue a multi-key command whose keys share one hash tag. redis-py's Cluster
+    pipelines refuse the ``mget``/``pfcount`` helpers for several keys, but the raw
+    command is routed to the keys' slot like any other."""
+    pipe.execute_command(command, *keys)
 
 
 def _text(value: bytes | str | None) -> str:
