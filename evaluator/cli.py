@@ -197,10 +197,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             stop=stop,
         )
     else:
+        from evaluator.commands.demo import build_memory_store
         from evaluator.commands.simulate import simulate
         from evaluator.simulate import Simulator
         from evaluator.sources.kafka import KafkaSink
-        from evaluator.stores.memory import MemoryStore
 
         config = sim_config(settings, args.seed, args.rate, args.speed)
         holder: list[Simulator] = []
@@ -218,7 +218,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             )
 
         threading.Thread(target=produce, name="simulator", daemon=True).start()
-        store = store or MemoryStore(settings.layout(), settings.cold_start.min_relevant_history)
+        store = store or build_memory_store(settings)
         run(settings, stop, store, truth=lambda: holder[0].truth.as_dict() if holder else {})
         simulator = holder[0] if holder else Simulator(config)
     json.dump(simulator.truth.as_dict(), sys.stderr, indent=2)

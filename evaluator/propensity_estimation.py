@@ -65,6 +65,20 @@ def clicked_positions(
     return clicked
 
 
+DAY_MS = 86_400_000
+"""Counters are kept per day of the requests' finalisation time."""
+
+
+def counter_day(deadline_ms: int) -> int:
+    """The day (start, epoch ms) whose counters a request finalised at ``deadline_ms`` adds to."""
+    return deadline_ms - deadline_ms % DAY_MS
+
+
+def first_kept_day(newest_day: int, history_ms: int) -> int:
+    """Oldest day the estimators use: ``history_ms`` (whole days) ending with the newest."""
+    return newest_day - ((history_ms - 1) // DAY_MS) * DAY_MS
+
+
 def increments(observations: Sequence[Observation], positions: int) -> Counter[str]:
     """Counter increments for a batch of requests (additive, so batches can be merged)."""
     out: Counter[str] = Counter()

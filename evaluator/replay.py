@@ -30,7 +30,9 @@ from evaluator.propensity_estimation import (
     Estimate,
     Observation,
     clicked_positions,
+    counter_day,
     estimate_all,
+    first_kept_day,
     increments,
 )
 from evaluator.scoring import RequestScores, score_sparse
@@ -207,9 +209,18 @@ def observations(requests: Requests, attribution: Attribution) -> list[Observati
 def estimate_propensities(
     requests: Requests, attribution: Attribution, settings: Settings
 ) -> dict[str, Estimate]:
-    """Every estimator's curve from the whole file (the same counters the live store sums)."""
+    """Every estimator's curve from the same counters the live store sums: the requests
+    finalised in the newest ``propensity.history`` days of the file."""
     p = settings.propensity
-    counts = increments(observations(requests, attribution), p.positions)
+    config = settings.finalise_config()
+    days = [counter_day(config.deadline(ts)) for ts in requests.timestamp_ms]
+    oldest = first_kept_day(max(days), p.history_ms()) if days else 0
+    kept = [
+        obs
+        for obs, day in zip(observations(requests, attribution), days, strict=True)
+        if day >= oldest
+    ]
+    counts = increments(kept, p.positions)
     return estimate_all(counts, p.positions, p.min_clicks)
 
 

@@ -115,8 +115,16 @@ class PropensitySettings(msgspec.Struct, forbid_unknown_fields=True):
     """Positions whose propensity is estimated."""
     min_clicks: int = 30
     """Below this many clicks a position falls back to the fitted power law."""
+    history: str | int = "7d"
+    """Estimate from the requests finalised in the newest days of this span (whole days):
+    behaviour drifts, and the counters stay bounded."""
+
+    def history_ms(self) -> int:
+        return _duration("history", self.history)
 
     def __post_init__(self) -> None:
+        if self.history_ms() < 86_400_000:
+            raise ValueError("history must be at least 1d")
         if not 0 < self.clip <= 1:
             raise ValueError(f"clip must be in (0, 1], got {self.clip}")
         if not 2 <= self.positions <= 100:

@@ -70,16 +70,18 @@ def make_store(request: pytest.FixtureRequest, key_prefix: str) -> Iterator:
 
     created = []
 
-    def build(layout, history_cap: int = 3):
+    def build(layout, history_cap: int = 3, **options):
         if request.param == "memory":
-            store = MemoryStore(layout, history_cap)
+            store = MemoryStore(layout, history_cap, **options)
         else:
             from evaluator.stores.redis import RedisStore, connect
 
             cluster = request.param == "redis-cluster"
             url = request.getfixturevalue("redis_cluster_url" if cluster else "redis_url")
             client = connect(url, cluster=cluster)
-            store = RedisStore(client, layout, prefix=key_prefix, history_cap=history_cap)
+            store = RedisStore(
+                client, layout, prefix=key_prefix, history_cap=history_cap, **options
+            )
             store.check_layout()
         created.append(store)
         return store

@@ -344,6 +344,33 @@ def test_propensity_counters_follow_claims_and_survive_recommits(make_store) -> 
     }
 
 
+def test_propensity_counters_cover_the_newest_days_of_the_history(make_store) -> None:
+    """Counters are kept per day of finalisation; only the newest ``history`` days count,
+    older ones are dropped (the counters stay bounded)."""
+    day = 86_400_000
+    config = load_settings(
+        environ={}, overrides={"propensity": {"estimator": "em", "history": "2d"}}
+    )
+    fconfig = config.finalise_config()
+    store = make_store(config.layout(), propensity_history_ms=2 * day)
+    base = 20_000 * day - fconfig.deadline(0) + 1_000  # deadlines 1 s into a day
+
+    def finalise_one(n: int, ts: int) -> dict[str, int]:
+        ingest(store, impressions((f"r{n}", f"u{n}", ts, [f"item{n}"])), interactions())
+        requests, users = store.load(store.due(fconfig.deadline(ts), 10))
+        assert store.commit(finalise(requests, users, fconfig)) == 1
+        return store.propensity_counts()
+
+    def items(counts: dict[str, int]) -> set[str]:
+        return {key.split("\x1f")[2] for key in counts if key.startswith("h")}
+
+    assert items(finalise_one(1, base)) == {"item1"}
+    assert items(finalise_one(2, base + day)) == {"item1", "item2"}  # 2 days: both
+    assert items(finalise_one(3, base + 2 * day)) == {"item2", "item3"}  # day 1 dropped
+    assert items(finalise_one(4, base + 5 * day)) == {"item4"}
+    assert items(store.propensity_counts()) == {"item4"}
+
+
 def test_propensity_curve_of_a_bucket_is_fixed_by_the_first_proposal(make_store) -> None:
     store = make_store(SETTINGS.layout())
     assert store.propensity_curve(60_000, (1.0, 0.5)) == (1.0, 0.5)

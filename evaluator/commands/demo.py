@@ -37,6 +37,16 @@ DEMO_OVERRIDES: dict[str, Any] = {
 A configuration file, the environment and flags still override them."""
 
 
+def build_memory_store(settings: Settings) -> MemoryStore:
+    """The embedded store, configured from the settings like the Redis one."""
+    return MemoryStore(
+        settings.layout(),
+        settings.cold_start.min_relevant_history,
+        settings.metrics.diversity_attribute,
+        propensity_history_ms=settings.propensity.history_ms(),
+    )
+
+
 def demo_tree(user_tree: dict[str, Any]) -> dict[str, Any]:
     return merge(DEMO_OVERRIDES, user_tree)
 
@@ -96,11 +106,7 @@ def run_demo(
     stop = stop or threading.Event()
     config = sim_config(settings, seed, requests_per_s, speed)
     simulator = Simulator(config)
-    store = store or MemoryStore(
-        settings.layout(),
-        settings.cold_start.min_relevant_history,
-        settings.metrics.diversity_attribute,
-    )
+    store = store or build_memory_store(settings)
     pipeline = Pipeline(store, settings)
     server = serve_metrics(
         settings,

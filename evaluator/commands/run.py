@@ -45,6 +45,7 @@ def build_store(settings: Settings) -> RedisStore:
         history_cap=settings.cold_start.min_relevant_history,
         state_ttl_s=r.ttl_s("state_ttl"),
         finalised_ttl_s=r.ttl_s("finalised_ttl"),
+        propensity_history_ms=settings.propensity.history_ms(),
         attribute=settings.metrics.diversity_attribute,
     )
     store.check_layout()

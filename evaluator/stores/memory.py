@@ -17,7 +17,13 @@ import numpy as np
 
 from evaluator.events import Impression, ImpressionBatch, Interaction, InteractionBatch
 from evaluator.finalise import Finalised, OpenRequest, PendingInteraction, UserContext
-from evaluator.propensity_estimation import Observation, increments
+from evaluator.propensity_estimation import (
+    DAY_MS,
+    Observation,
+    counter_day,
+    first_kept_day,
+    increments,
+)
 from evaluator.stores.base import DueRequest, FloatArray, IngestCounts, PartitionProgress
 from evaluator.windows import AggregateLayout, expand_shards, shard_of
 
@@ -34,11 +40,16 @@ class MemoryStore:
     """In-process implementation of :class:`evaluator.stores.base.StateStore`."""
 
     def __init__(
-        self, layout: AggregateLayout, history_cap: int = 3, attribute: str = "category"
+        self,
+        layout: AggregateLayout,
+        history_cap: int = 3,
+        attribute: str = "category",
+        propensity_history_ms: int = 7 * DAY_MS,
     ) -> None:
         self.layout = layout
         self.attribute = attribute
         self.history_cap = history_cap
+        self.propensity_history_ms = propensity_history_ms
         self._lock = threading.Lock()
         self._requests: dict[str, OpenRequest] = {}
         self._deadline: dict[str, tuple[int, int]] = {}
@@ -49,7 +60,8 @@ class MemoryStore:
         self._progress: dict[str, PartitionProgress] = {}
         self._counters: Counter[str] = Counter()
         self._items: dict[tuple[int, int, str, int], set[str]] = {}
-        self._propensity: Counter[str] = Counter()
+        self._propensity: dict[int, Counter[str]] = {}
+        """Estimator counters per day of finalisation (see ``propensity.history``)."""
         self._curves: dict[int, tuple[float, ...]] = {}
 
     def check_layout(self) -> None:
@@ -193,7 +205,7 @@ class MemoryStore:
     def commit(self, finalised: Finalised, prune_loose_before_ms: int | None = None) -> int:
         layout = self.layout
         applied = late = 0
-        observed: list[Observation] = []
+        observed: dict[int, list[Observation]] = {}
         with self._lock:
             for i, request in enumerate(finalised.requests):
                 rid = request.request_id
@@ -235,13 +247,15 @@ class MemoryStore:
                         key = (window, start, "*", 0)
                         self._items.setdefault(key, set()).update(request.items)
                 if finalised.observations:
-                    observed.append(finalised.observations[i])
+                    day = counter_day(int(finalised.deadline_ms[i]))
+                    observed.setdefault(day, []).append(finalised.observations[i])
                 applied += 1
             self._counters["finalised"] += applied
             if late:
                 self._counters["late"] += late
-            if observed:  # counters of exactly the requests claimed here
-                self._propensity.update(increments(observed, finalised.propensity_positions))
+            for day, mine in observed.items():  # counters of exactly the requests claimed here
+                counts = self._propensity.setdefault(day, Counter())
+                counts.update(increments(mine, finalised.propensity_positions))
         return applied
 
     def blocks(
@@ -307,7 +321,15 @@ class MemoryStore:
 
     def propensity_counts(self) -> dict[str, int]:
         with self._lock:
-            return dict(self._propensity)
+            if not self._propensity:
+                return {}
+            oldest = first_kept_day(max(self._propensity), self.propensity_history_ms)
+            for day in [d for d in self._propensity if d < oldest]:
+                del self._propensity[day]
+            total: Counter[str] = Counter()
+            for counts in self._propensity.values():
+                total.update(counts)
+            return dict(total)
 
     def propensity_curve(self, bucket_ms: int, proposal: tuple[float, ...]) -> tuple[float, ...]:
         with self._lock:

@@ -28,7 +28,13 @@ from redis.retry import Retry
 
 from evaluator.events import ImpressionBatch, InteractionBatch
 from evaluator.finalise import Finalised, OpenRequest, UserContext
-from evaluator.propensity_estimation import increments
+from evaluator.propensity_estimation import (
+    DAY_MS,
+    Observation,
+    counter_day,
+    first_kept_day,
+    increments,
+)
 from evaluator.stores.base import DueRequest, FloatArray, IngestCounts, PartitionProgress
 from evaluator.stores.block_cache import NO_LOWER_BOUND, BlockCache
 from evaluator.stores.redis_codec import (
@@ -105,6 +111,7 @@ class RedisStore:
         history_cap: int = 3,
         state_ttl_s: int = 2 * 86_400,
         finalised_ttl_s: int = 2 * 86_400,
+        propensity_history_ms: int = 7 * DAY_MS,
         history_ttl_s: int = 30 * 86_400,
         attribute: str = "category",
     ) -> None:
@@ -121,6 +128,7 @@ class RedisStore:
         self.history_cap = history_cap
         self.state_ttl_s = state_ttl_s
         self.finalised_ttl_s = finalised_ttl_s
+        self.propensity_history_ms = propensity_history_ms
         self.history_ttl_s = history_ttl_s
         self.block_ttl_s = (max(layout.windows_ms) * 2) // 1000 + 3600
         """Longest block lifetime; each window's blocks live 2 x window + 1 h."""
@@ -295,6 +303,7 @@ class RedisStore:
                         int(np.prod(layout.block_shape)),
                         prune,
                         increments,
+                        self.propensity_history_ms,
                     ],
                 )
             retry: dict[int, npt.NDArray[np.intp]] = {}
@@ -474,9 +483,19 @@ class RedisStore:
         return dict(totals)
 
     def propensity_counts(self) -> dict[str, int]:
+        shards = range(self.layout.shards)
         pipe = self.client.pipeline(transaction=False)
-        for shard in range(self.layout.shards):
-            pipe.hgetall(self.tag(shard) + "ps")
+        for shard in shards:
+            pipe.zrange(self.tag(shard) + "psd", 0, -1)
+        days = [[int(_text(d)) for d in found] for found in pipe.execute()]
+        if not any(days):
+            return {}
+        oldest = first_kept_day(max(max(d) for d in days if d), self.propensity_history_ms)
+        pipe = self.client.pipeline(transaction=False)
+        for shard, mine in zip(shards, days, strict=True):
+            for day in mine:
+                if day >= oldest:
+                    pipe.hgetall(f"{self.tag(shard)}ps:{day}")
         total: Counter[str] = Counter()
         for reply in pipe.execute():
             total.update({_text(k): int(v) for k, v in reply.items()})
@@ -524,8 +543,15 @@ def _text(value: bytes | str | None) -> str:
 
 
 def _propensity_increments(finalised: Finalised, rows: npt.NDArray[np.intp]) -> list[Any]:
-    """Flat [field, increment, ...] of the given requests' estimator counters."""
+    """[day, [field, increment, ...], ...]: the given requests' estimator counters per
+    day of finalisation (days as strings: Lua would print large numbers as floats)."""
     if not finalised.observations:
         return []
-    counts = increments([finalised.observations[i] for i in rows], finalised.propensity_positions)
-    return [x for pair in counts.items() for x in pair]
+    by_day: dict[int, list[Observation]] = defaultdict(list)
+    for i in rows.tolist():
+        by_day[counter_day(int(finalised.deadline_ms[i]))].append(finalised.observations[i])
+    out: list[Any] = []
+    for day, observed in by_day.items():
+        counts = increments(observed, finalised.propensity_positions)
+        out += [str(day), [x for pair in counts.items() for x in pair]]
+    return out

@@ -1,12 +1,14 @@
 -- Claim finalised requests of one shard and add their statistics, atomically.
 -- KEYS[1] = <tag>dl   ARGV[1] = key prefix with tag
 -- ARGV[2] = msgpack {{request_id, user_id, variant, named interactions loaded}, ...}, {{block suffix, bucket start, ttl s, window ms}, ...},
---           {propensity field, increment, ...}}  (the estimators' counters, <tag>ps)
+--           {day, {propensity field, increment, ...}, ...}}  (the estimators' counters,
+--           <tag>ps:<day>, days listed in <tag>psd)
 -- ARGV[3] = state ttl s   ARGV[4] = finalised-marker ttl s
 -- ARGV[5] = doubles per block
 -- ARGV[6] = prune request-less interactions older than this (ms)
 -- ARGV[7] = the blocks' increments: little-endian doubles, one block after another,
 --           pre-aggregated over exactly the listed requests.
+-- ARGV[8] = propensity history ms (days older than the newest minus this are dropped)
 -- If any listed request is already claimed (another instance, or a retry) or no
 -- longer open, nothing is written and those request ids are returned, so the
 -- caller can re-aggregate without them: increments always match the claims.
@@ -97,7 +99,22 @@ for window, cutoff in pairs(oldest) do
   end
 end
 local ps = data[3] or {}
-for i = 1, #ps, 2 do redis.call('HINCRBY', p .. 'ps', ps[i], ps[i + 1]) end
+if #ps > 0 then
+  local history = tonumber(ARGV[8])
+  local days = p .. 'psd'
+  for i = 1, #ps, 2 do
+    local key, incs = p .. 'ps:' .. ps[i], ps[i + 1]
+    for j = 1, #incs, 2 do redis.call('HINCRBY', key, incs[j], incs[j + 1]) end
+    redis.call('EXPIRE', key, math.floor(history / 1000) + 86400)
+    redis.call('ZADD', days, tonumber(ps[i]), ps[i])
+  end
+  -- forget days that fell out of the history (their hashes expire by TTL as well)
+  local newest = tonumber(redis.call('ZRANGE', days, -1, -1, 'WITHSCORES')[2])
+  local oldest = newest - math.floor((history - 1) / 86400000) * 86400000
+  local gone = redis.call('ZRANGEBYSCORE', days, '-inf', '(' .. oldest)
+  for _, day in ipairs(gone) do redis.call('DEL', p .. 'ps:' .. day) end
+  redis.call('ZREMRANGEBYSCORE', days, '-inf', '(' .. oldest)
+end
 redis.call('HINCRBY', p .. 'c', 'finalised', #data[1])
 if late > 0 then redis.call('HINCRBY', p .. 'c', 'late', late) end
 return {#data[1], {}}
