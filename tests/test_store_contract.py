@@ -395,3 +395,21 @@ def test_redis_markers_live_for_the_configured_ttls(redis_url: str, key_prefix: 
     assert ingest(store, impressions(), late, late_before=10_000).late == 1
     assert 7_100 < client.ttl(shard + "ux:u1") <= 7_200
     store.close()
+
+
+def test_redis_scripts_are_reloaded_after_a_script_flush(redis_url: str, key_prefix: str) -> None:
+    """After a restart or failover the server may have lost the scripts: the batch fails
+    once (the caller retries it; every script is idempotent) and then works again."""
+    from redis.exceptions import NoScriptError
+
+    from evaluator.stores.redis import RedisStore, connect
+
+    client = connect(redis_url)
+    store = RedisStore(client, SETTINGS.layout(), prefix=key_prefix)
+    imps = impressions(("r1", "u1", 1_000, ["a"]))
+    client.script_flush()
+    with pytest.raises(NoScriptError):
+        ingest(store, imps, interactions())
+    assert ingest(store, imps, interactions()).duplicates == 0
+    assert [d.request_id for d in store.due(CONFIG.deadline(1_000), 10)] == ["r1"]
+    store.close()
