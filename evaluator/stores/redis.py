@@ -14,7 +14,6 @@ import hashlib
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from importlib import resources
-from itertools import chain
 from typing import Any, cast
 
 import msgspec
@@ -30,13 +29,15 @@ from evaluator.events import ImpressionBatch, InteractionBatch
 from evaluator.finalise import Finalised, OpenRequest, UserContext
 from evaluator.propensity_estimation import (
     DAY_MS,
-    Observation,
-    counter_day,
     first_kept_day,
-    increments,
 )
 from evaluator.stores.base import DueRequest, FloatArray, IngestCounts, PartitionProgress
 from evaluator.stores.block_cache import NO_LOWER_BOUND, BlockCache
+from evaluator.stores.commit_payload import (
+    block_increments,
+    coverage_updates,
+    propensity_increments,
+)
 from evaluator.stores.redis_codec import (
     SEP,
     decode_context,
@@ -289,8 +290,8 @@ class RedisStore:
             pipe = self.client.pipeline(transaction=False)
             order = list(pending)
             for shard in order:
-                meta, blocks, increments = self._increments(finalised, pending[shard])
-                counts = _propensity_increments(finalised, pending[shard])
+                meta, blocks, increments = block_increments(finalised, pending[shard], self.layout)
+                counts = propensity_increments(finalised, pending[shard])
                 self._call(
                     pipe,
                     "commit",
@@ -323,38 +324,9 @@ class RedisStore:
         return f"{{{self.prefix}:cov}}:{window}:{start}:{variant}:{k}"
 
     def _add_items(self, finalised: Finalised) -> None:
-        """Coverage sketches (HyperLogLog); PFADD and PFMERGE are idempotent, so retries
-        are harmless.
-
-        Items are gathered per sketch first, so a batch costs one PFADD per sketch,
-        and only windows without a :meth:`AggregateLayout.sketch_source` get items;
-        the others merge the source window's touched sketches in the same script.
-        """
-        layout = self.layout
-        lists = [r.items for r in finalised.requests]
-        variants = [r.variant for r in finalised.requests]
-        tops = {k: [items[:k] for items in lists] for k in layout.ks}  # sliced once
-        gathered: dict[str, set[str]] = {}
-        merges: list[str] = []
-        for window in layout.windows_ms:
-            if layout.sketch_source(window) is not None:
-                continue
-            fed = [w for w in layout.windows_ms if layout.sketch_source(w) == window]
-            groups = _rows_by(layout.bucket_start(window, finalised.deadline_ms).tolist(), variants)
-            for (start, variant), rows in groups.items():
-                for k, top in tops.items():
-                    key = self._cov_key(window, start, variant, k)
-                    gathered[key] = set(chain.from_iterable(map(top.__getitem__, rows)))
-                    for longer in fed:
-                        merges += [
-                            self._cov_key(longer, _longer_start(layout, longer, start), variant, k),
-                            key,
-                        ]
-        longest = max(layout.windows_ms)
-        catalog = _rows_by(layout.bucket_start(longest, finalised.deadline_ms).tolist(), None)
-        for (start, _), rows in catalog.items():
-            key = self._cov_key(longest, start, "*", 0)
-            gathered[key] = set(chain.from_iterable(map(lists.__getitem__, rows)))
+        """Coverage sketches (HyperLogLog), one PFADD per sketch and the merges of
+        :func:`coverage_updates`; PFADD and PFMERGE are idempotent, so retries are harmless."""
+        gathered, merges = coverage_updates(finalised, self.layout, self._cov_key)
         args: list[str | int] = [self.block_ttl_s, len(gathered)]
         for key, items in gathered.items():
             args += [key, SEP.join(items)]
@@ -392,32 +364,6 @@ class RedisStore:
         last = until_ms - until_ms % width
         first = last - window
         return [self._cov_key(window, b, "*", 0) for b in range(first, last + 1, width)]
-
-    def _increments(
-        self, finalised: Finalised, rows: npt.NDArray[np.intp]
-    ) -> tuple[list[tuple[str, str, str, int]], list[tuple[str, int, int, int]], bytes]:
-        """Per-block sums of the given requests' rows, ready for the commit script."""
-        layout = self.layout
-        requests = [finalised.requests[i] for i in rows]
-        # with each request, how many named interactions finalisation saw (the rest
-        # arrived after it was loaded: late)
-        meta = [(r.request_id, r.user_id, r.variant, len(r.interactions)) for r in requests]
-        local = finalised.user_bucket[rows] // layout.shards
-        cohort = finalised.cohort[rows]
-        keys: dict[tuple[int, int, str], int] = {}
-        index = np.empty((len(layout.windows_ms), len(requests)), dtype=np.intp)
-        for w_i, window in enumerate(layout.windows_ms):
-            starts = layout.bucket_start(window, finalised.deadline_ms[rows]).tolist()
-            for r_i, (start, request) in enumerate(zip(starts, requests, strict=True)):
-                index[w_i, r_i] = keys.setdefault((window, start, request.variant), len(keys))
-        sums = np.zeros((len(keys), *layout.block_shape))
-        for w_i in range(len(layout.windows_ms)):
-            np.add.at(sums, (index[w_i], cohort, local), finalised.rows[rows])
-        blocks = [
-            (f"{w}:{start}:{variant}", start, (2 * w) // 1000 + 3600, w)
-            for (w, start, variant) in keys
-        ]
-        return meta, blocks, sums.astype("<f8").tobytes()
 
     def blocks(
         self, window_ms: int, since_ms: int | None = None, until_ms: int | None = None
@@ -516,19 +462,6 @@ class RedisStore:
         self.client.close()
 
 
-def _rows_by(starts: list[int], variants: list[str] | None) -> dict[tuple[int, str], list[int]]:
-    """Rows grouped by (bucket start, variant); variant "" when ``variants`` is None."""
-    groups: dict[tuple[int, str], list[int]] = defaultdict(list)
-    for row, start in enumerate(starts):
-        groups[(start, variants[row] if variants is not None else "")].append(row)
-    return groups
-
-
-def _longer_start(layout: AggregateLayout, window_ms: int, start_ms: int) -> int:
-    """Start of the ``window_ms`` bucket holding the bucket that starts at ``start_ms``."""
-    return int(layout.bucket_start(window_ms, np.array([start_ms], dtype=np.int64))[0])
-
-
 def _same_slot(pipe: Any, command: str, keys: Sequence[str]) -> None:
     """Queue a multi-key command whose keys share one hash tag. redis-py's Cluster
     pipelines refuse the ``mget``/``pfcount`` helpers for several keys, but the raw
@@ -540,18 +473,3 @@ def _text(value: bytes | str | None) -> str:
     if value is None:
         return ""
     return value.decode() if isinstance(value, bytes) else value
-
-
-def _propensity_increments(finalised: Finalised, rows: npt.NDArray[np.intp]) -> list[Any]:
-    """[day, [field, increment, ...], ...]: the given requests' estimator counters per
-    day of finalisation (days as strings: Lua would print large numbers as floats)."""
-    if not finalised.observations:
-        return []
-    by_day: dict[int, list[Observation]] = defaultdict(list)
-    for i in rows.tolist():
-        by_day[counter_day(int(finalised.deadline_ms[i]))].append(finalised.observations[i])
-    out: list[Any] = []
-    for day, observed in by_day.items():
-        counts = increments(observed, finalised.propensity_positions)
-        out += [str(day), [x for pair in counts.items() for x in pair]]
-    return out

@@ -1,0 +1,118 @@
+"""What one finalisation commit writes, computed from the finalised rows (pure).
+
+Blocks: the per-(window, bucket, variant) sums of the requests' statistics rows.
+Coverage: which items go to which HyperLogLog sketch, and which sketches are
+merged into longer windows' ones. Propensity: the estimators' counter
+increments per day of finalisation. The Redis store turns them into script
+arguments.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from itertools import chain
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from evaluator.finalise import Finalised
+from evaluator.propensity_estimation import Observation, counter_day, increments
+from evaluator.windows import AggregateLayout
+
+SketchKey = Callable[[int, int, str, int], str]
+"""(window ms, bucket start ms, variant, k) -> sketch key; variant "*" and k 0 for the
+catalogue sketch of the longest window."""
+
+
+def block_increments(
+    finalised: Finalised, rows: npt.NDArray[np.intp], layout: AggregateLayout
+) -> tuple[list[tuple[str, str, str, int]], list[tuple[str, int, int, int]], bytes]:
+    """The given requests' (id, user, variant, named interactions loaded), the blocks they
+    add to (name, bucket start, ttl s, window ms), and the per-block sums of their rows
+    as little-endian doubles, one block after another."""
+    requests = [finalised.requests[i] for i in rows]
+    # with each request, how many named interactions finalisation saw (the rest
+    # arrived after it was loaded: late)
+    meta = [(r.request_id, r.user_id, r.variant, len(r.interactions)) for r in requests]
+    local = finalised.user_bucket[rows] // layout.shards
+    cohort = finalised.cohort[rows]
+    keys: dict[tuple[int, int, str], int] = {}
+    index = np.empty((len(layout.windows_ms), len(requests)), dtype=np.intp)
+    for w_i, window in enumerate(layout.windows_ms):
+        starts = layout.bucket_start(window, finalised.deadline_ms[rows]).tolist()
+        for r_i, (start, request) in enumerate(zip(starts, requests, strict=True)):
+            index[w_i, r_i] = keys.setdefault((window, start, request.variant), len(keys))
+    sums = np.zeros((len(keys), *layout.block_shape))
+    for w_i in range(len(layout.windows_ms)):
+        np.add.at(sums, (index[w_i], cohort, local), finalised.rows[rows])
+    blocks = [
+        (f"{w}:{start}:{variant}", start, (2 * w) // 1000 + 3600, w) for (w, start, variant) in keys
+    ]
+    return meta, blocks, sums.astype("<f8").tobytes()
+
+
+def coverage_updates(
+    finalised: Finalised, layout: AggregateLayout, key: SketchKey
+) -> tuple[dict[str, set[str]], list[str]]:
+    """Items to add per sketch, and flat (destination, source) pairs to merge after.
+
+    Only windows without a :meth:`AggregateLayout.sketch_source` get items (the
+    top K of each list, per variant and bucket); the others merge the touched
+    sketches of their source window. The longest window also keeps a catalogue
+    sketch of every shown item."""
+    lists = [r.items for r in finalised.requests]
+    variants = [r.variant for r in finalised.requests]
+    tops = {k: [items[:k] for items in lists] for k in layout.ks}  # sliced once
+    gathered: dict[str, set[str]] = {}
+    merges: list[str] = []
+    for window in layout.windows_ms:
+        if layout.sketch_source(window) is not None:
+            continue
+        fed = [w for w in layout.windows_ms if layout.sketch_source(w) == window]
+        starts = layout.bucket_start(window, finalised.deadline_ms).tolist()
+        for (start, variant), rows in _rows_by(starts, variants).items():
+            for k, top in tops.items():
+                source = key(window, start, variant, k)
+                gathered[source] = set(chain.from_iterable(map(top.__getitem__, rows)))
+                for longer in fed:
+                    merges += [
+                        key(longer, _longer_start(layout, longer, start), variant, k),
+                        source,
+                    ]
+    longest = max(layout.windows_ms)
+    starts = layout.bucket_start(longest, finalised.deadline_ms).tolist()
+    for (start, _), rows in _rows_by(starts, None).items():
+        gathered[key(longest, start, "*", 0)] = set(
+            chain.from_iterable(map(lists.__getitem__, rows))
+        )
+    return gathered, merges
+
+
+def propensity_increments(finalised: Finalised, rows: npt.NDArray[np.intp]) -> list[Any]:
+    """[day, [field, increment, ...], ...]: the given requests' estimator counters per
+    day of finalisation (days as strings: Lua would print large numbers as floats)."""
+    if not finalised.observations:
+        return []
+    by_day: dict[int, list[Observation]] = defaultdict(list)
+    for i in rows.tolist():
+        by_day[counter_day(int(finalised.deadline_ms[i]))].append(finalised.observations[i])
+    out: list[Any] = []
+    for day, observed in by_day.items():
+        counts = increments(observed, finalised.propensity_positions)
+        out += [str(day), [x for pair in counts.items() for x in pair]]
+    return out
+
+
+def _rows_by(starts: list[int], variants: list[str] | None) -> dict[tuple[int, str], list[int]]:
+    """Rows grouped by (bucket start, variant); variant "" when ``variants`` is None."""
+    groups: dict[tuple[int, str], list[int]] = defaultdict(list)
+    for row, start in enumerate(starts):
+        groups[(start, variants[row] if variants is not None else "")].append(row)
+    return groups
+
+
+def _longer_start(layout: AggregateLayout, window_ms: int, start_ms: int) -> int:
+    """Start of the ``window_ms`` bucket holding the bucket that starts at ``start_ms``."""
+    return int(layout.bucket_start(window_ms, np.array([start_ms], dtype=np.int64))[0])
