@@ -295,3 +295,11 @@ def test_experiments_have_their_own_control_and_srm() -> None:
     }
     assert pairs == {("e1", "A", "B"), ("e2", "C", "A")}
     assert {s.labels["experiment"] for s in found["recsys_eval_srm_p_value"]} == {"e1", "e2"}
+
+
+def test_open_and_due_request_gauges(scraped) -> None:
+    """Everything the watermark passed is finalised; only the sentinel, an hour after
+    the rest, is still open and not yet due."""
+    found, _ = scraped
+    assert pick(found, "recsys_eval_open_requests") == 1
+    assert pick(found, "recsys_eval_due_requests") == 0

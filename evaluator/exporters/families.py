@@ -84,6 +84,12 @@ def new_families() -> Families:
             ["variant", "window"],
         ),
         "recsys_eval_watermark_seconds": ("Event-time watermark (Unix seconds).", []),
+        "recsys_eval_open_requests": ("Requests stored and not yet finalised (all instances).", []),
+        "recsys_eval_due_requests": (
+            "Open requests the watermark has passed, waiting for finalisation; growing: "
+            "finalisation is falling behind.",
+            [],
+        ),
         "recsys_eval_srm_p_value": (
             "Sample-ratio-mismatch chi-square p-value.",
             ["experiment", "window"],

@@ -86,6 +86,9 @@ class WindowCollector(Collector):
         frontier = self.watermark()
         if frontier is not None:
             fam.add("recsys_eval_watermark_seconds", {}, frontier / 1000.0)
+            open_, due = self.store.open_requests(frontier)
+            fam.add("recsys_eval_open_requests", {}, open_)
+            fam.add("recsys_eval_due_requests", {}, due)
             for window in self.layout.windows_ms:
                 self._window(fam, window, frontier)
         if self.settings.propensity.collect:

@@ -90,6 +90,11 @@ class StateStore(Protocol):
         """Open requests whose deadline is at or before the watermark."""
         ...
 
+    def open_requests(self, watermark_ms: int) -> tuple[int, int]:
+        """Open requests, and how many of them are due (deadline at or before the
+        watermark): a growing due count means finalisation is falling behind."""
+        ...
+
     def load(self, due: Sequence[DueRequest]) -> tuple[list[OpenRequest], dict[str, UserContext]]:
         """The due requests (those still open) and the context of their users."""
         ...

@@ -177,6 +177,11 @@ class MemoryStore:
             )
         return [DueRequest(shard, rid) for _, shard, rid in ready[:limit]]
 
+    def open_requests(self, watermark_ms: int) -> tuple[int, int]:
+        with self._lock:
+            deadlines = [d for d, _ in self._deadline.values()]
+        return len(deadlines), sum(d <= watermark_ms for d in deadlines)
+
     def load(self, due: Sequence[DueRequest]) -> tuple[list[OpenRequest], dict[str, UserContext]]:
         requests: list[OpenRequest] = []
         users: dict[str, UserContext] = {}

@@ -261,6 +261,14 @@ class RedisStore:
         ]
         return found[:limit]
 
+    def open_requests(self, watermark_ms: int) -> tuple[int, int]:
+        pipe = self.client.pipeline(transaction=False)
+        for shard in range(self.layout.shards):
+            pipe.zcard(self.tag(shard) + "dl")
+            pipe.zcount(self.tag(shard) + "dl", "-inf", watermark_ms)
+        replies = [int(n) for n in pipe.execute()]
+        return sum(replies[0::2]), sum(replies[1::2])
+
     def load(self, due: Sequence[DueRequest]) -> tuple[list[OpenRequest], dict[str, UserContext]]:
         by_shard: dict[int, list[str]] = defaultdict(list)
         for shard, rid in due:
