@@ -110,10 +110,11 @@ if #ps > 0 then
   end
   -- forget days that fell out of the history (their hashes expire by TTL as well)
   local newest = tonumber(redis.call('ZRANGE', days, -1, -1, 'WITHSCORES')[2])
-  local oldest = newest - math.floor((history - 1) / 86400000) * 86400000
-  local gone = redis.call('ZRANGEBYSCORE', days, '-inf', '(' .. oldest)
+  local first_day = newest - math.floor((history - 1) / 86400000) * 86400000
+  local gone = redis.call('ZRANGEBYSCORE', days, '-inf', '(' .. first_day)
   for _, day in ipairs(gone) do redis.call('DEL', p .. 'ps:' .. day) end
-  redis.call('ZREMRANGEBYSCORE', days, '-inf', '(' .. oldest)
+  redis.call('ZREMRANGEBYSCORE', days, '-inf', '(' .. first_day)
+  redis.call('EXPIRE', days, math.floor(history / 1000) + 86400)
 end
 redis.call('HINCRBY', p .. 'c', 'finalised', #data[1])
 if late > 0 then redis.call('HINCRBY', p .. 'c', 'late', late) end
