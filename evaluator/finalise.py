@@ -92,6 +92,9 @@ class Finalised:
     observations: list[Observation] = field(default_factory=list)
     """Per request, what the propensity estimators count (empty when not collecting)."""
     propensity_positions: int = 0
+    late: int = 0
+    """Set by the store's commit: interactions stored after these requests were loaded,
+    so not applied (counted late, like those arriving after finalisation)."""
 
 
 def deadline_ms(impression_ms: int, rules: JoinRules, allowed_lateness_ms: int) -> int:

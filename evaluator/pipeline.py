@@ -250,6 +250,7 @@ class Pipeline:
                 done = finalise(group, users, config)
                 applied = self.store.commit(done, watermark - self.horizon_ms)
                 self.stats.finalised += applied
+                self.stats.late += done.late
                 self.stats.outcomes.update(done.outcomes)
                 total += applied
 

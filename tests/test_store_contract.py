@@ -144,8 +144,10 @@ def test_interaction_arriving_between_load_and_commit_is_late(make_store) -> Non
     requests, users = store.load(store.due(CONFIG.deadline(1_000), 10))
     racing = interactions(("i2", "u1", "b", "r1", 1_600, "purchase"))
     assert ingest(store, impressions(), racing).late == 0  # still open when it arrived
-    assert store.commit(finalise(requests, users, CONFIG)) == 1
+    done = finalise(requests, users, CONFIG)
+    assert store.commit(done) == 1
     assert store.counters().get("late", 0) == 1
+    assert done.late == 1  # reported to the pipeline's late counter too
     again = ingest(store, impressions(), racing)  # redelivered: a duplicate now
     assert (again.late, again.duplicates) == (0, 1)
     assert store.counters().get("late", 0) == 1

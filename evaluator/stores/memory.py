@@ -258,6 +258,7 @@ class MemoryStore:
             self._counters["finalised"] += applied
             if late:
                 self._counters["late"] += late
+                finalised.late += late
             for day, mine in observed.items():  # counters of exactly the requests claimed here
                 counts = self._propensity.setdefault(day, Counter())
                 counts.update(increments(mine, finalised.propensity_positions))

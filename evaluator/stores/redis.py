@@ -316,8 +316,9 @@ class RedisStore:
                     ],
                 )
             retry: dict[int, npt.NDArray[np.intp]] = {}
-            for shard, (count, taken) in zip(order, self._execute(pipe), strict=True):
+            for shard, (count, taken, late) in zip(order, self._execute(pipe), strict=True):
                 applied += int(count)
+                finalised.late += int(late)
                 if taken:
                     gone = {_text(t) for t in taken}
                     rows = pending[shard]

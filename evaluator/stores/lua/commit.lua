@@ -9,9 +9,10 @@
 -- ARGV[7] = the blocks' increments: little-endian doubles, one block after another,
 --           pre-aggregated over exactly the listed requests.
 -- ARGV[8] = propensity history ms (days older than the newest minus this are dropped)
--- If any listed request is already claimed (another instance, or a retry) or no
--- longer open, nothing is written and those request ids are returned, so the
--- caller can re-aggregate without them: increments always match the claims.
+-- Returns {requests claimed, {}, interactions counted late}. If any listed request
+-- is already claimed (another instance, or a retry) or no longer open, nothing is
+-- written and {0, those request ids, 0} is returned, so the caller can re-aggregate
+-- without them: increments always match the claims.
 local p = ARGV[1]
 local data = cmsgpack.unpack(ARGV[2])
 local ftl, nblock = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -35,7 +36,7 @@ if open < #records then
   for i, key in ipairs(records) do
     if redis.call('EXISTS', key) == 0 then taken[#taken + 1] = rids[i] end
   end
-  return {0, taken}
+  return {0, taken, 0}
 end
 local users, variants = {}, {}
 local late = 0
@@ -118,4 +119,4 @@ if #ps > 0 then
 end
 redis.call('HINCRBY', p .. 'c', 'finalised', #data[1])
 if late > 0 then redis.call('HINCRBY', p .. 'c', 'late', late) end
-return {#data[1], {}}
+return {#data[1], {}, late}
