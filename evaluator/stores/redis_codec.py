@@ -87,8 +87,8 @@ def decode_context(
 
     ``known`` maps the requests being loaded to their items; ``others`` holds the
     user's other open requests (their records are decoded only for their items)."""
-    items = {
-        others[k].decode(): others[k + 1].decode().split(FIELD)[3].split(SEP)
+    items = {  # only the items field (the 4th) of each record is needed
+        others[k].decode(): others[k + 1].decode().split(FIELD, 4)[3].split(SEP)
         for k in range(0, len(others), 2)
     }
     ids = [imps[k].decode() for k in range(0, len(imps), 2)]
