@@ -39,7 +39,6 @@ from evaluator.stores.commit_payload import (
     propensity_increments,
 )
 from evaluator.stores.redis_codec import (
-    SEP,
     decode_context,
     decode_request,
     encode_request,
@@ -48,7 +47,9 @@ from evaluator.stores.redis_codec import (
 )
 from evaluator.windows import AggregateLayout, shard_of
 
-SCRIPTS = ("ingest", "load", "commit", "pfadd", "progress")
+SCRIPTS = ("ingest", "load", "commit", "progress")
+PFADD_CHUNK = 10_000
+"""Items per PFADD command."""
 MAX_LUA_VALUES = 7000
 """Redis' Lua unpacks at most ~8000 values at once; a block must stay below that."""
 
@@ -137,7 +138,6 @@ class RedisStore:
         self._sha = {
             name: hashlib.sha1(src.encode()).hexdigest() for name, src in self._sources.items()
         }
-        self._pfadd = client.register_script(self._sources["pfadd"])
         self._progress = client.register_script(self._sources["progress"])
         self._load_scripts()
         self._meta = f"{{{prefix}:meta}}:"
@@ -333,14 +333,23 @@ class RedisStore:
         return f"{{{self.prefix}:cov}}:{window}:{start}:{variant}:{k}"
 
     def _add_items(self, finalised: Finalised) -> None:
-        """Coverage sketches (HyperLogLog), one PFADD per sketch and the merges of
-        :func:`coverage_updates`; PFADD and PFMERGE are idempotent, so retries are harmless."""
+        """Coverage sketches (HyperLogLog): one pipelined PFADD per sketch, then the merges
+        of :func:`coverage_updates`. Plain commands: PFADD and PFMERGE are idempotent, so
+        a retry after a partial failure is harmless and no script is needed."""
         gathered, merges = coverage_updates(finalised, self.layout, self._cov_key)
-        args: list[str | int] = [self.block_ttl_s, len(gathered)]
+        if not gathered:
+            return
+        ttl = self.block_ttl_s
+        pipe = self.client.pipeline(transaction=False)
         for key, items in gathered.items():
-            args += [key, SEP.join(items)]
-        if gathered:
-            self._pfadd(keys=[f"{{{self.prefix}:cov}}:route"], args=[*args, *merges])
+            members = list(items)
+            for i in range(0, len(members), PFADD_CHUNK):
+                pipe.execute_command("PFADD", key, *members[i : i + PFADD_CHUNK])
+            pipe.expire(key, ttl)
+        for i in range(0, len(merges), 2):
+            _same_slot(pipe, "PFMERGE", merges[i : i + 2])
+            pipe.expire(merges[i], ttl)
+        self._execute(pipe)
 
     def distinct_items(
         self, window_ms: int, bucket_starts: Sequence[int], variants: Sequence[str]
