@@ -132,6 +132,26 @@ def test_longer_windows_hold_the_union_of_their_buckets(make_store, sizes) -> No
     assert catalog == pytest.approx(len(everything), abs=0.5)
 
 
+def test_catalogue_holds_items_beyond_the_largest_cutoff(make_store) -> None:
+    """The catalogue (every shown item) also counts items below the largest K."""
+    settings = load_settings(environ={}, overrides={"metrics": {"k": [2, 3]}})
+    layout, config = settings.layout(), settings.finalise_config()
+    store = make_store(layout)
+    lists = {"r1": ["a", "b", "c", "d", "e"], "r2": ["a", "f"], "r3": ["g", "h", "i", "j"]}
+    ingest(
+        store,
+        impressions(*((rid, f"u{rid}", 1_000, items) for rid, items in lists.items())),
+        interactions(),
+    )
+    requests, users = store.load(store.due(config.deadline(1_000), 10))
+    assert store.commit(finalise(requests, users, config)) == 3
+    window = max(layout.windows_ms)
+    start = int(layout.bucket_start(window, np.array([config.deadline(1_000)]))[0])
+    counts, catalogue = store.distinct_items(window, [start], ["A"])
+    assert counts[("A", 3)] == pytest.approx(7, abs=0.5)  # a b c f g h i
+    assert catalogue == pytest.approx(10, abs=0.5)  # a..j
+
+
 def test_interaction_arriving_between_load_and_commit_is_late(make_store) -> None:
     """Finalisation may run beside ingestion (another instance, or another thread):
     an interaction stored after the request was loaded is counted late, once."""

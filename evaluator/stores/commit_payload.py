@@ -61,7 +61,8 @@ def coverage_updates(
     Only windows without a :meth:`AggregateLayout.sketch_source` get items (the
     top K of each list, per variant and bucket); the others merge the touched
     sketches of their source window. The longest window also keeps a catalogue
-    sketch of every shown item."""
+    sketch of every shown item, merged from its top max(K) sketches plus the items
+    beyond max(K), so short lists cost no extra item adds."""
     lists = [r.items for r in finalised.requests]
     variants = [r.variant for r in finalised.requests]
     tops = {k: [items[:k] for items in lists] for k in layout.ks}  # sliced once
@@ -81,12 +82,16 @@ def coverage_updates(
                         key(longer, _longer_start(layout, longer, start), variant, k),
                         source,
                     ]
-    longest = max(layout.windows_ms)
+    # the catalogue sketch: every item shown is in some variant's top max(K) sketch
+    # (merged in, after that sketch got this batch's items) or beyond it (added)
+    longest, widest = max(layout.windows_ms), max(layout.ks)
     starts = layout.bucket_start(longest, finalised.deadline_ms).tolist()
-    for (start, _), rows in _rows_by(starts, None).items():
-        gathered[key(longest, start, "*", 0)] = set(
-            chain.from_iterable(map(lists.__getitem__, rows))
-        )
+    for (start, variant), rows in _rows_by(starts, variants).items():
+        catalogue = key(longest, start, "*", 0)
+        merges += [catalogue, key(longest, start, variant, widest)]
+        tails = [lists[r][widest:] for r in rows if len(lists[r]) > widest]
+        if tails:
+            gathered.setdefault(catalogue, set()).update(chain.from_iterable(tails))
     return gathered, merges
 
 
