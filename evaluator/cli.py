@@ -61,6 +61,7 @@ def _service_overrides(args: argparse.Namespace) -> dict[str, Any]:
         ("bootstrap_servers", "kafka", "bootstrap_servers"),
         ("group_id", "kafka", "group_id"),
         ("redis_url", "redis", "url"),
+        ("redis_cluster", "redis", "cluster"),
         ("port", "http", "port"),
     ):
         value = getattr(args, flag, None)
@@ -73,6 +74,12 @@ def _add_service_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (kafka.bootstrap_servers)")
     p.add_argument("--group-id", help="Kafka consumer group (kafka.group_id)")
     p.add_argument("--redis-url", help="redis://host:port/db (redis.url)")
+    p.add_argument(
+        "--redis-cluster",
+        action="store_true",
+        default=None,
+        help="--redis-url names a Redis Cluster node (redis.cluster)",
+    )
     p.add_argument("--port", type=int, help="/metrics and dashboard port (http.port)")
 
 

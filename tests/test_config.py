@@ -129,6 +129,11 @@ def test_cli_flags_override_file_and_environment(monkeypatch) -> None:
     monkeypatch.setenv("EVALUATOR_REDIS__URL", "redis://env:6379/0")
     settings = load_settings(overrides=_service_overrides(args))
     assert (settings.redis.url, settings.http.port) == ("redis://r:1/2", 9)
+    assert settings.redis.cluster is False  # not given: the file/environment decide
+    monkeypatch.setenv("EVALUATOR_REDIS__CLUSTER", "true")
+    assert load_settings(overrides=_service_overrides(args)).redis.cluster is True
+    flagged = build_parser().parse_args(["demo", "--redis-cluster"])
+    assert load_settings(environ={}, overrides=_service_overrides(flagged)).redis.cluster
 
 
 def test_logs_are_json_lines_when_not_on_a_terminal() -> None:
