@@ -207,7 +207,7 @@ def join_by_user_batch(
     impressions: UserImpressions,
     *,
     rules: JoinRules,
-) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+) -> UserJoin:
     """:func:`join_by_user` for many interactions of many users at once.
 
     Users are integer codes (an interaction's user may be -1: no impressions).
@@ -244,11 +244,7 @@ def join_by_user_batch(
         else:
             s, e = start[i], stop[i]
             codes[i] = 1 if s == e else 3 if any(item in lists[j] for j in range(s, e)) else 2
-    return (
-        np.array(codes, dtype=np.int8),
-        np.array(chosen, dtype=np.int64),
-        np.array(positions, dtype=np.int64),
-    )
+    return _user_join_arrays(codes, chosen, positions)
 
 
 def join_by_user_each(
@@ -258,7 +254,7 @@ def join_by_user_each(
     impressions: UserImpressions,
     *,
     rules: JoinRules,
-) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+) -> UserJoin:
     """The same as :func:`join_by_user_batch`, one :func:`join_by_user` call each
     (the fallback for keys too wide to combine, and a reference in tests)."""
     impression_user, impression_ms, lists = impressions
@@ -273,6 +269,14 @@ def join_by_user_each(
         codes.append(code_of[outcome])
         chosen.append(s + idx if idx >= 0 else -1)
         positions.append(pos)
+    return _user_join_arrays(codes, chosen, positions)
+
+
+UserJoin = tuple[npt.NDArray[np.int8], npt.NDArray[np.int64], npt.NDArray[np.int64]]
+"""Outcome codes, chosen impressions and item positions of :func:`join_by_user_batch`."""
+
+
+def _user_join_arrays(codes: list[int], chosen: list[int], positions: list[int]) -> UserJoin:
     return (
         np.array(codes, dtype=np.int8),
         np.array(chosen, dtype=np.int64),

@@ -86,8 +86,8 @@ def attribute(
 ) -> Attribution:
     """Apply the join rules to every interaction, ignoring repeated event ids.
 
-    Interactions naming a request are joined in one vectorised pass; the others
-    go through the user-based join one by one."""
+    Interactions naming a request and the others each go through one batch join
+    (the same functions live finalisation calls)."""
     rules = settings.join.rules()
     result = Attribution()
     seen: set[str] = set()
@@ -99,21 +99,35 @@ def attribute(
     result.relevant_user = [users[i] for i in relevant]
     result.relevant_ms = [times[i] for i in relevant]
     named = interactions.request_id
-    _join_named(requests, interactions, [i for i in fresh if named[i]], rules, result)
-    _join_loose(requests, interactions, [i for i in fresh if not named[i]], rules, result)
+    for join, picked in (
+        (_join_named, [i for i in fresh if named[i]]),
+        (_join_loose, [i for i in fresh if not named[i]]),
+    ):
+        if picked:
+            codes, rows, positions = join(requests, interactions, picked, rules)
+            _record(result, [grade[i] for i in picked], codes, rows, positions)
     return result
 
 
-def _join_named(
-    requests: Requests,
-    interactions: InteractionColumns,
-    picked: list[int],
-    rules: JoinRules,
-    result: Attribution,
+JoinResult = tuple[npt.NDArray[np.int8], I64, I64]
+"""Per interaction: outcome code, request row (valid where attributed), item position."""
+
+
+def _record(
+    result: Attribution, grades: list[float], codes: npt.NDArray[np.int8], rows: I64, positions: I64
 ) -> None:
+    """Count the outcomes and keep the attributed (row, position, grade) entries."""
+    count_outcomes(codes, result.outcomes)
+    ok = np.flatnonzero(codes == 0)
+    result.row += rows[ok].tolist()
+    result.position += positions[ok].tolist()
+    result.grade += [grades[j] for j in ok.tolist()]
+
+
+def _join_named(
+    requests: Requests, interactions: InteractionColumns, picked: list[int], rules: JoinRules
+) -> JoinResult:
     """Interactions with a request id, all at once."""
-    if not picked:
-        return
     by_request = requests.by_request
     named, items = interactions.request_id, interactions.item_id
     rows = [by_request.get(named[i], -1) for i in picked]
@@ -128,24 +142,13 @@ def _join_named(
         [e.items for e in requests.events],
         rules=rules,
     )
-    count_outcomes(codes, result.outcomes)
-    ok = np.flatnonzero(codes == 0)
-    grade = interactions.grade
-    result.row += np.asarray(rows, dtype=np.int64)[ok].tolist()
-    result.position += positions[ok].tolist()
-    result.grade += [grade[picked[j]] for j in ok.tolist()]
+    return codes, np.asarray(rows, dtype=np.int64), positions
 
 
 def _join_loose(
-    requests: Requests,
-    interactions: InteractionColumns,
-    picked: list[int],
-    rules: JoinRules,
-    result: Attribution,
-) -> None:
+    requests: Requests, interactions: InteractionColumns, picked: list[int], rules: JoinRules
+) -> JoinResult:
     """Interactions without a request id: the user's latest impression with the item."""
-    if not picked:
-        return
     events = requests.events
     index: dict[str, int] = {}
     imp_user = _first_seen_codes([e.user_id for e in events], index)
@@ -159,12 +162,7 @@ def _join_loose(
         UserImpressions(imp_user[order], imp_ms[order], [events[r].items for r in order.tolist()]),
         rules=rules,
     )
-    count_outcomes(codes, result.outcomes)
-    ok = np.flatnonzero(codes == 0)
-    grade = interactions.grade
-    result.row += order[chosen[ok]].tolist()
-    result.position += positions[ok].tolist()
-    result.grade += [grade[picked[j]] for j in ok.tolist()]
+    return codes, order[np.maximum(chosen, 0)], positions
 
 
 def _first_seen_codes(values: list[str], index: dict[str, int]) -> I64:
