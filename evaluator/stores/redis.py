@@ -275,7 +275,9 @@ class RedisStore:
             by_shard[shard].append(rid)
         pipe = self.client.pipeline(transaction=False)
         for shard, rids in by_shard.items():
-            self._call(pipe, "load", self.tag(shard) + "dl", [self.tag(shard), *rids])
+            self._call(
+                pipe, "load", self.tag(shard) + "dl", [self.tag(shard), self.history_ttl_s, *rids]
+            )
         requests: list[OpenRequest] = []
         contexts: list[tuple[str, list[list[bytes]]]] = []
         for found, users in self._execute(pipe):

@@ -38,7 +38,7 @@ if open < #records then
   end
   return {0, taken, 0}
 end
-local users, variants = {}, {}
+local users, user_order, variants = {}, {}, {}
 local late = 0
 for _, r in ipairs(data[1]) do
   local rid, uid = r[1], r[2]
@@ -52,25 +52,61 @@ for _, r in ipairs(data[1]) do
   redis.call('HSET', rik, '_', 1)
   redis.call('RENAME', rik, fk)
   redis.call('EXPIRE', fk, ftl)
-  redis.call('ZREM', p .. 'ui:' .. uid, rid)
-  users[uid] = true
+  if not users[uid] then
+    users[uid] = {}
+    user_order[#user_order + 1] = uid
+  end
+  users[uid][rid] = true
   variants[r[3]] = true
 end
 each_chunk(records, function(...) redis.call('DEL', ...) end)
 each_chunk(rids, function(...) redis.call('ZREM', KEYS[1], ...) end)
-for uid in pairs(users) do
-  -- pruned request-less interactions are remembered as seen (ux:), so a redelivery
-  -- after a crash counts as a duplicate, not as late
-  local lk = p .. 'ul:' .. uid
-  local old = redis.call('ZRANGEBYSCORE', lk, '-inf', prune)
-  if #old > 0 then
-    for i, member in ipairs(old) do old[i] = string.match(member, '^[^\031]*') end
-    local xk = p .. 'ux:' .. uid
-    redis.call('SADD', xk, unpack(old))
-    redis.call('EXPIRE', xk, ftl)
-    redis.call('ZREMRANGEBYSCORE', lk, '-inf', prune)
+local function each_user(command, key)
+  local out = {}
+  for i = 1, #user_order, CHUNK do
+    local got = redis.call(command, key, unpack(user_order, i, math.min(i + CHUNK - 1, #user_order)))
+    for j = 1, #got do out[i + j - 1] = got[j] end
+  end
+  return out
+end
+-- the users' open-request lists (uo: rid US ts RS ...) lose the finalised requests, and
+-- entries of requests long past the horizon (expired without being finalised)
+local stale_before = tonumber(ARGV[6]) - 2 * tonumber(ARGV[3]) * 1000
+local lists, rewritten, emptied = each_user('HMGET', p .. 'uo'), {}, {}
+for i, uid in ipairs(user_order) do
+  if lists[i] then
+    local kept, done = {}, users[uid]
+    for rid, ts in string.gmatch(lists[i], '([^\30\31]*)\31([^\30]*)') do
+      if not done[rid] and tonumber(ts) >= stale_before then kept[#kept + 1] = rid .. '\31' .. ts end
+    end
+    if #kept > 0 then
+      rewritten[#rewritten + 1] = uid
+      rewritten[#rewritten + 1] = table.concat(kept, '\30')
+    else
+      emptied[#emptied + 1] = uid
+    end
   end
 end
+each_chunk(rewritten, function(...) redis.call('HSET', p .. 'uo', ...) end)
+each_chunk(emptied, function(...) redis.call('HDEL', p .. 'uo', ...) end)
+-- pruned request-less interactions are remembered as seen (ux:), so a redelivery
+-- after a crash counts as a duplicate, not as late; only users listed in lu: have any
+local loose_ts = each_user('ZMSCORE', p .. 'lu')
+for i, uid in ipairs(user_order) do
+  if loose_ts[i] then
+    local lk = p .. 'ul:' .. uid
+    local old = redis.call('ZRANGEBYSCORE', lk, '-inf', prune)
+    if #old > 0 then
+      for j, member in ipairs(old) do old[j] = string.match(member, '^[^\031]*') end
+      local xk = p .. 'ux:' .. uid
+      redis.call('SADD', xk, unpack(old))
+      redis.call('EXPIRE', xk, ftl)
+      redis.call('ZREMRANGEBYSCORE', lk, '-inf', prune)
+      if redis.call('EXISTS', lk) == 0 then redis.call('ZREM', p .. 'lu', uid) end
+    end
+  end
+end
+redis.call('ZREMRANGEBYSCORE', p .. 'lu', '-inf', '(' .. string.format('%d', stale_before))
 for variant in pairs(variants) do redis.call('SADD', p .. 'vars', variant) end
 local fmt = '<' .. string.rep('d', nblock)
 local incs = ARGV[7]
