@@ -206,6 +206,43 @@ def test_late_interactions_are_counted_once(make_store) -> None:
     assert store.counters()["late"] == 2
 
 
+def test_interactions_before_their_impression_wait_for_it(make_store) -> None:
+    store = make_store(SETTINGS.layout())
+    early = interactions(("i1", "u1", "b", "r1", 1_500, "purchase"))
+    assert ingest(store, impressions(), early).duplicates == 0
+    assert store.due(10**15, 10) == []  # nothing open yet
+    ingest(store, impressions(("r1", "u1", 1_000, ["a", "b"])), interactions())
+    assert ingest(store, impressions(), early).duplicates == 1
+    requests, users = store.load(store.due(CONFIG.deadline(1_000), 10))
+    assert [(r.request_id, [i.event_id for i in r.interactions]) for r in requests] == [
+        ("r1", ["i1"])
+    ]
+    assert store.commit(finalise(requests, users, CONFIG)) == 1
+    counts = ingest(store, impressions(), early)
+    assert (counts.late, counts.duplicates) == (0, 1)
+
+
+def test_late_interactions_find_requests_finalised_days_apart(make_store) -> None:
+    """Finalised requests are remembered whatever their deadline: late interactions
+    naming requests finalised a week apart are each counted once."""
+    store = make_store(SETTINGS.layout())
+    week = 7 * 86_400_000
+    ingest(
+        store,
+        impressions(("r1", "u1", 1_000, ["a"]), ("r2", "u2", 1_000 + week, ["a"])),
+        interactions(),
+    )
+    finalise_all(store, CONFIG.deadline(1_000 + week))
+    late = interactions(
+        ("i1", "u1", "a", "r1", 1_500, "click"), ("i2", "u2", "a", "r2", 1_500 + week, "click")
+    )
+    assert ingest(store, impressions(), late).late == 2
+    assert ingest(store, impressions(), late).duplicates == 2
+    again = impressions(("r1", "u1", 1_000, ["a"]), ("r2", "u2", 1_000 + week, ["a"]))
+    assert ingest(store, again, interactions()).duplicates == 2
+    assert store.due(10**15, 10) == []
+
+
 def test_redelivery_after_finalisation_is_a_duplicate_not_late(make_store) -> None:
     """At-least-once delivery after a crash: events applied before their request was
     finalised (or pruned afterwards) must not be counted as late when they come again."""
@@ -414,7 +451,7 @@ def test_propensity_curve_of_a_bucket_is_fixed_by_the_first_proposal(make_store)
 
 
 def test_redis_markers_live_for_the_configured_ttls(redis_url: str, key_prefix: str) -> None:
-    from evaluator.stores.redis import RedisStore, connect
+    from evaluator.stores.redis import MARKER_PERIOD_MS, RedisStore, connect
 
     client = connect(redis_url)
     store = RedisStore(
@@ -422,10 +459,12 @@ def test_redis_markers_live_for_the_configured_ttls(redis_url: str, key_prefix: 
     )
     ingest(store, impressions(("r1", "u1", 1_000, ["a"])), interactions())
     shard = store.tag(int(shard_of(["u1"], SETTINGS.layout())[0]))
-    assert 4_900 < client.ttl(shard + "r:r1") <= 5_000
+    assert 4_900 < client.ttl(shard + "o") <= 5_000  # open requests
     requests, users = store.load(store.due(CONFIG.deadline(1_000), 10))
     assert store.commit(finalise(requests, users, CONFIG)) == 1
-    assert 7_100 < client.ttl(shard + "f:r1") <= 7_200
+    period = CONFIG.deadline(1_000) // MARKER_PERIOD_MS * MARKER_PERIOD_MS
+    assert client.hexists(shard + f"fin:{period}", "r1")  # markers by period of the deadline
+    assert 7_100 < client.ttl(shard + f"fin:{period}") <= 7_200
     late = interactions(("i9", "u1", "a", None, 500, "click"))
     assert ingest(store, impressions(), late, late_before=10_000).late == 1
     assert 7_100 < client.ttl(shard + "ux:u1") <= 7_200

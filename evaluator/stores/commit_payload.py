@@ -28,14 +28,19 @@ catalogue sketch of the longest window."""
 
 def block_increments(
     finalised: Finalised, rows: npt.NDArray[np.intp], layout: AggregateLayout
-) -> tuple[list[tuple[str, str, str, int]], list[tuple[str, int, int, int]], bytes]:
-    """The given requests' (id, user, variant, named interactions loaded), the blocks they
+) -> tuple[list[tuple[str, str, str, int, int, int]], list[tuple[str, int, int, int]], bytes]:
+    """The given requests' (id, user, variant, named interactions loaded, time, deadline),
+    the blocks they
     add to (name, bucket start, ttl s, window ms), and the per-block sums of their rows
     as little-endian doubles, one block after another."""
     requests = [finalised.requests[i] for i in rows]
     # with each request, how many named interactions finalisation saw (the rest
     # arrived after it was loaded: late)
-    meta = [(r.request_id, r.user_id, r.variant, len(r.interactions)) for r in requests]
+    deadlines = finalised.deadline_ms[rows].tolist()
+    meta = [
+        (r.request_id, r.user_id, r.variant, len(r.interactions), r.timestamp_ms, d)
+        for r, d in zip(requests, deadlines, strict=True)
+    ]
     local = finalised.user_bucket[rows] // layout.shards
     cohort = finalised.cohort[rows]
     keys: dict[tuple[int, int, str], int] = {}

@@ -43,13 +43,17 @@ from evaluator.stores.redis_codec import (
     decode_request,
     encode_request,
     loose_member,
-    pending_member,
+    pending_record,
 )
 from evaluator.windows import AggregateLayout, shard_of
 
 SCRIPTS = ("ingest", "load", "commit", "progress")
 PFADD_CHUNK = 10_000
 """Items per PFADD command."""
+MARKER_PERIOD_MS = 6 * 3_600_000
+"""Finalised markers are kept in one hash per period of the requests' deadlines (each
+expires ``finalised_ttl`` after its last write): an interaction naming a request that is
+not open looks in each period kept."""
 MAX_LUA_VALUES = 7000
 """Redis' Lua unpacks at most ~8000 values at once; a block must stay below that."""
 
@@ -132,6 +136,9 @@ class RedisStore:
         self.finalised_ttl_s = finalised_ttl_s
         self.propensity_history_ms = propensity_history_ms
         self.history_ttl_s = history_ttl_s
+        self.pending_epoch_ms = state_ttl_s * 1000
+        """Interactions naming a request wait in hashes per epoch of their event time;
+        finalisation reads the request's epoch and the two beside it."""
         self.block_ttl_s = (max(layout.windows_ms) * 2) // 1000 + 3600
         """Longest block lifetime; each window's blocks live 2 x window + 1 h."""
         self._sources = {name: _script(name) for name in SCRIPTS}
@@ -219,7 +226,7 @@ class RedisStore:
                     it.request_id or "",
                     ts,
                     grade,
-                    pending_member(it.item_id, ts, grade),
+                    pending_record(it.event_id, it.item_id, ts, grade),
                     loose_member(it.event_id, it.item_id, grade),
                 )
             )
@@ -241,6 +248,8 @@ class RedisStore:
                     self.history_ttl_s,
                     loose_late_before_ms,
                     self.finalised_ttl_s,
+                    self.pending_epoch_ms,
+                    MARKER_PERIOD_MS,
                 ],
             )
         counts = IngestCounts()
@@ -276,7 +285,10 @@ class RedisStore:
         pipe = self.client.pipeline(transaction=False)
         for shard, rids in by_shard.items():
             self._call(
-                pipe, "load", self.tag(shard) + "dl", [self.tag(shard), self.history_ttl_s, *rids]
+                pipe,
+                "load",
+                self.tag(shard) + "dl",
+                [self.tag(shard), self.history_ttl_s, self.pending_epoch_ms, *rids],
             )
         requests: list[OpenRequest] = []
         contexts: list[tuple[str, list[list[bytes]]]] = []
@@ -315,6 +327,8 @@ class RedisStore:
                         prune,
                         increments,
                         self.propensity_history_ms,
+                        self.pending_epoch_ms,
+                        MARKER_PERIOD_MS,
                     ],
                 )
             retry: dict[int, npt.NDArray[np.intp]] = {}

@@ -36,9 +36,10 @@ def encode_request(event: Impression, ts: int, attribute: str) -> str:
     )
 
 
-def pending_member(item_id: str, ts: int, grade: float) -> str:
-    """Value of an interaction waiting for its named request (``ri:`` hash)."""
-    return f"{item_id}{SEP}{ts}{SEP}{grade!r}"
+def pending_record(event_id: str, item_id: str, ts: int, grade: float) -> str:
+    """An interaction waiting for its named request (the ``n:`` hashes hold these
+    records joined by U+001E, event id first)."""
+    return f"{event_id}{SEP}{item_id}{SEP}{ts}{SEP}{grade!r}"
 
 
 def loose_member(event_id: str, item_id: str, grade: float) -> str:
@@ -51,15 +52,16 @@ def _randomization_text(rnd: Randomization | None) -> str:
     return f"{rnd.key()[0]}{SEP}{rnd.key()[1]}" if rnd is not None else ""
 
 
-def decode_request(rid: str, value: bytes, pending: list[bytes]) -> OpenRequest:
+def decode_request(rid: str, value: bytes, pending: bytes) -> OpenRequest:
+    """A stored request and the records of the interactions naming it."""
     fields = value.decode().split(FIELD)
     fields += [""] * (9 - len(fields))  # records written before context/randomization
     user, variant, ts, items, attrs, shadow_variant, shadow, context, rnd = fields[:9]
     kind, _, span = rnd.partition(SEP)
     interactions = []
-    for k in range(0, len(pending), 2):
-        item, its, grade = pending[k + 1].decode().split(SEP)
-        interactions.append(PendingInteraction(pending[k].decode(), item, int(its), float(grade)))
+    for record in pending.decode().split(FIELD) if pending else ():
+        event_id, item, its, grade = record.split(SEP)
+        interactions.append(PendingInteraction(event_id, item, int(its), float(grade)))
     interactions.sort()
     return OpenRequest(
         rid,
@@ -87,19 +89,22 @@ def decode_context(
 
     ``known`` maps the requests being loaded to their items; ``others`` holds the
     user's other open requests (their records are decoded only for their items)."""
+    history = sorted(map(int, hist[1::2]))
+    if not loose:  # most users: the cold-start history is all finalisation needs
+        return UserContext(history_ms=history)
     items = {  # only the items field (the 4th) of each record is needed
         others[k].decode(): others[k + 1].decode().split(FIELD, 4)[3].split(SEP)
         for k in range(0, len(others), 2)
     }
-    ids = [imps[k].decode() for k in range(0, len(imps), 2)]
+    ids = [rid.decode() for rid in imps[0::2]]
     pending = []
     for k in range(0, len(loose), 2):
         event_id, item, grade = loose[k].decode().split(SEP)
         pending.append(PendingInteraction(event_id, item, int(loose[k + 1]), float(grade)))
     return UserContext(
-        impression_ms=[int(imps[k + 1]) for k in range(0, len(imps), 2)],
+        impression_ms=[int(ts) for ts in imps[1::2]],
         impression_ids=ids,
         impression_items=[known.get(rid) or items.get(rid, []) for rid in ids],
         loose=pending,
-        history_ms=sorted(int(hist[k + 1]) for k in range(0, len(hist), 2)),
+        history_ms=history,
     )

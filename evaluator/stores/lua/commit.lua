@@ -1,6 +1,7 @@
 -- Claim finalised requests of one shard and add their statistics, atomically.
 -- KEYS[1] = <tag>dl   ARGV[1] = key prefix with tag
--- ARGV[2] = msgpack {{request_id, user_id, variant, named interactions loaded}, ...}, {{block suffix, bucket start, ttl s, window ms}, ...},
+-- ARGV[2] = msgpack {{request_id, user_id, variant, named interactions loaded, time,
+--           deadline}, ...}, {{block suffix, bucket start, ttl s, window ms}, ...},
 --           {day, {propensity field, increment, ...}, ...}}  (the estimators' counters,
 --           <tag>ps:<day>, days listed in <tag>psd)
 -- ARGV[3] = state ttl s   ARGV[4] = finalised-marker ttl s
@@ -9,6 +10,7 @@
 -- ARGV[7] = the blocks' increments: little-endian doubles, one block after another,
 --           pre-aggregated over exactly the listed requests.
 -- ARGV[8] = propensity history ms (days older than the newest minus this are dropped)
+-- ARGV[9] = pending-interaction epoch ms   ARGV[10] = finalised-marker period ms
 -- Returns {requests claimed, {}, interactions counted late}. If any listed request
 -- is already claimed (another instance, or a retry) or no longer open, nothing is
 -- written and {0, those request ids, 0} is returned, so the caller can re-aggregate
@@ -17,62 +19,98 @@ local p = ARGV[1]
 local data = cmsgpack.unpack(ARGV[2])
 local ftl, nblock = tonumber(ARGV[4]), tonumber(ARGV[5])
 local prune = '(' .. ARGV[6]
--- A request is open exactly while its r: record exists: finalisation deletes it in
--- the same script that creates f:, and ingest never re-creates r: while f: exists.
--- Multi-key commands take at most CHUNK arguments (Lua's unpack limit).
+local pending_ms = tonumber(ARGV[9])
+local PERIOD = tonumber(ARGV[10])
+-- A request is open exactly while it is in the deadline index: finalisation removes it
+-- in the same script that writes its fin:<period> marker, and ingest never re-opens a
+-- request with a marker. Multi-field commands take at most CHUNK arguments (Lua's
+-- unpack limit).
 local CHUNK = 4000
 local function each_chunk(list, fn)
   for i = 1, #list, CHUNK do fn(unpack(list, i, math.min(i + CHUNK - 1, #list))) end
 end
-local records, rids = {}, {}
-for i, r in ipairs(data[1]) do
-  records[i] = p .. 'r:' .. r[1]
-  rids[i] = r[1]
-end
-local open = 0
-each_chunk(records, function(...) open = open + redis.call('EXISTS', ...) end)
-if open < #records then
-  local taken = {}
-  for i, key in ipairs(records) do
-    if redis.call('EXISTS', key) == 0 then taken[#taken + 1] = rids[i] end
-  end
-  return {0, taken, 0}
-end
-local users, user_order, variants = {}, {}, {}
-local late = 0
-for _, r in ipairs(data[1]) do
-  local rid, uid = r[1], r[2]
-  local fk, rik = p .. 'f:' .. rid, p .. 'ri:' .. rid
-  -- interactions stored after the request was loaded (ingest runs beside finalisation)
-  -- were not applied: they are late
-  local extra = redis.call('HLEN', rik) - r[4]
-  if extra > 0 then late = late + extra end
-  -- keep the ids of the interactions applied to the request: one redelivered after a
-  -- crash is then a duplicate, not a late event
-  redis.call('HSET', rik, '_', 1)
-  redis.call('RENAME', rik, fk)
-  redis.call('EXPIRE', fk, ftl)
-  if not users[uid] then
-    users[uid] = {}
-    user_order[#user_order + 1] = uid
-  end
-  users[uid][rid] = true
-  variants[r[3]] = true
-end
-each_chunk(records, function(...) redis.call('DEL', ...) end)
-each_chunk(rids, function(...) redis.call('ZREM', KEYS[1], ...) end)
-local function each_user(command, key)
+local function read(command, key, names)
   local out = {}
-  for i = 1, #user_order, CHUNK do
-    local got = redis.call(command, key, unpack(user_order, i, math.min(i + CHUNK - 1, #user_order)))
+  for i = 1, #names, CHUNK do
+    local got = redis.call(command, key, unpack(names, i, math.min(i + CHUNK - 1, #names)))
     for j = 1, #got do out[i + j - 1] = got[j] end
   end
   return out
 end
+local rids = {}
+for i, r in ipairs(data[1]) do rids[i] = r[1] end
+local open = read('ZMSCORE', KEYS[1], rids)
+local taken = {}
+for i, rid in ipairs(rids) do
+  if not open[i] then taken[#taken + 1] = rid end
+end
+if #taken > 0 then return {0, taken, 0} end
+
+-- the interactions naming each request (from the epochs either side of its time)
+local epochs, epoch_list = {}, {}
+for _, r in ipairs(data[1]) do
+  local e = math.floor(r[5] / pending_ms)
+  for x = e - 1, e + 1 do
+    if not epochs[x] then
+      epochs[x] = true
+      epoch_list[#epoch_list + 1] = x
+    end
+  end
+end
+local applied = {}
+for _, e in ipairs(epoch_list) do
+  local key = p .. 'n:' .. e
+  local got = read('HMGET', key, rids)
+  local present = {}
+  for j = 1, #rids do
+    if got[j] then
+      applied[j] = applied[j] or {}
+      for eid in string.gmatch(got[j], '([^\30\31]*)\31[^\30]*') do
+        table.insert(applied[j], eid)
+      end
+      present[#present + 1] = rids[j]
+    end
+  end
+  each_chunk(present, function(...) redis.call('HDEL', key, ...) end)
+end
+-- finalised markers: request -> ids of the interactions applied, so a redelivery is a
+-- duplicate; interactions stored after the request was loaded (ingest runs beside
+-- finalisation) were not applied: they are late, and listed too
+local markers, late = {}, 0
+local users, user_order, variants = {}, {}, {}
+for j, r in ipairs(data[1]) do
+  local ids = applied[j] or {}
+  if #ids > r[4] then late = late + #ids - r[4] end
+  local period = string.format('%d', r[6] - r[6] % PERIOD)
+  if not markers[period] then markers[period] = {} end
+  table.insert(markers[period], r[1])
+  table.insert(markers[period], table.concat(ids, '\30'))
+  local uid = r[2]
+  if not users[uid] then
+    users[uid] = {}
+    user_order[#user_order + 1] = uid
+  end
+  users[uid][r[1]] = true
+  variants[r[3]] = true
+end
+local periods = p .. 'fdays'
+for period, flat in pairs(markers) do
+  local key = p .. 'fin:' .. period
+  each_chunk(flat, function(...) redis.call('HSET', key, ...) end)
+  redis.call('EXPIRE', key, ftl)
+  redis.call('ZADD', periods, period, period)
+end
+-- periods whose markers have all expired are forgotten
+local newest = tonumber(redis.call('ZRANGE', periods, -1, -1, 'WITHSCORES')[2])
+local oldest = newest - ftl * 1000 - 2 * PERIOD
+redis.call('ZREMRANGEBYSCORE', periods, '-inf', '(' .. string.format('%d', oldest))
+redis.call('EXPIRE', periods, ftl + 86400)
+each_chunk(rids, function(...) redis.call('HDEL', p .. 'o', ...) end)
+each_chunk(rids, function(...) redis.call('ZREM', KEYS[1], ...) end)
 -- the users' open-request lists (uo: rid US ts RS ...) lose the finalised requests, and
 -- entries of requests long past the horizon (expired without being finalised)
 local stale_before = tonumber(ARGV[6]) - 2 * tonumber(ARGV[3]) * 1000
-local lists, rewritten, emptied = each_user('HMGET', p .. 'uo'), {}, {}
+local lists, rewritten, emptied = read('HMGET', p .. 'uo', user_order), {}, {}
 for i, uid in ipairs(user_order) do
   if lists[i] then
     local kept, done = {}, users[uid]
@@ -91,7 +129,7 @@ each_chunk(rewritten, function(...) redis.call('HSET', p .. 'uo', ...) end)
 each_chunk(emptied, function(...) redis.call('HDEL', p .. 'uo', ...) end)
 -- pruned request-less interactions are remembered as seen (ux:), so a redelivery
 -- after a crash counts as a duplicate, not as late; only users listed in lu: have any
-local loose_ts = each_user('ZMSCORE', p .. 'lu')
+local loose_ts = read('ZMSCORE', p .. 'lu', user_order)
 for i, uid in ipairs(user_order) do
   if loose_ts[i] then
     local lk = p .. 'ul:' .. uid

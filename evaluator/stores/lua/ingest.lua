@@ -1,14 +1,17 @@
 -- Ingest one shard's events idempotently. All keys share the shard's hash tag.
 -- KEYS[1] = <tag>dl (deadline index; routing key)   ARGV[1] = key prefix with tag
 -- ARGV[2] = msgpack {impressions, interactions}   ARGV[3] = state ttl s
--- ARGV[4] = history cap   ARGV[5] = history epoch s (also the history keys' ttl unit)
--- ARGV[6] = loose late-before ms
--- ARGV[7] = finalised-marker ttl s (ux: sets remember late request-less interactions)
+-- ARGV[4] = history cap   ARGV[5] = history epoch s   ARGV[6] = loose late-before ms
+-- ARGV[7] = finalised-marker ttl s   ARGV[8] = pending-interaction epoch ms
+-- ARGV[9] = finalised-marker period ms
 -- impression:  {request_id, user_id, ts, deadline, stored value}
--- interaction: {event_id, user_id, request_id or "", ts, grade, pending value, loose member}
--- Per-user state that every event touches lives in per-shard hashes (uo, h:<epoch>)
--- and is written with one multi-field command per batch: a redis.call costs far
--- more than one more field.
+-- interaction: {event_id, user_id, request_id or "", ts, grade, record, loose member}
+-- State lives in per-shard hashes written with one multi-field command per batch (a
+-- redis.call, and above all a new key, costs far more than one more field):
+--   o: request -> record; dl: request -> deadline; n:<epoch>: request -> records of
+--   the interactions naming it (RS-joined, by the interactions' event-time epoch);
+--   fin:<period>: finalised request -> ids of the interactions applied or counted late
+--   (the period its deadline falls in; the periods kept are listed in fdays).
 local p = ARGV[1]
 local data = cmsgpack.unpack(ARGV[2])
 local ttl = tonumber(ARGV[3])
@@ -16,6 +19,8 @@ local cap = tonumber(ARGV[4])
 local epoch_s = tonumber(ARGV[5])
 local late_before = tonumber(ARGV[6])
 local ftl = tonumber(ARGV[7])
+local pending_ms = tonumber(ARGV[8])
+local PERIOD = tonumber(ARGV[9])
 local dup, late = 0, 0
 local CHUNK = 4000  -- Lua's unpack takes at most ~8000 values
 local function chunked(command, key, list)
@@ -23,77 +28,106 @@ local function chunked(command, key, list)
     redis.call(command, key, unpack(list, i, math.min(i + CHUNK - 1, #list)))
   end
 end
-
--- Appends to per-user entries of a hash: {user -> {entry, ...}} is merged by `merge`
--- (old value or false, new entries) and written back in one HSET.
-local function update_users(key, by_user, order, merge, seconds)
-  if #order == 0 then return end
-  local old = {}
-  for i = 1, #order, CHUNK do
-    local got = redis.call('HMGET', key, unpack(order, i, math.min(i + CHUNK - 1, #order)))
-    for j, v in ipairs(got) do old[i + j - 1] = v end
-  end
+-- one multi-field read of `names` (returns a table parallel to them, false if absent)
+local function read(command, key, names)
   local out = {}
-  for i, uid in ipairs(order) do
-    out[#out + 1] = uid
-    out[#out + 1] = merge(old[i], by_user[uid])
+  for i = 1, #names, CHUNK do
+    local got = redis.call(command, key, unpack(names, i, math.min(i + CHUNK - 1, #names)))
+    for j = 1, #got do out[i + j - 1] = got[j] end
   end
-  chunked('HSET', key, out)
-  redis.call('EXPIRE', key, seconds)
+  return out
 end
+-- is `id` one of the RS-joined ids at the start of each RS-separated part of `list`?
+local function listed(list, id)
+  return string.find('\30' .. list .. '\31', '\30' .. id .. '\31', 1, true) ~= nil
+      or string.find('\30' .. list .. '\30', '\30' .. id .. '\30', 1, true) ~= nil
+end
+-- reads, changes and writes back per-key fields: changes[key] = {field -> value}
+local function write_fields(changes, seconds)
+  for key, fields in pairs(changes) do
+    local flat = {}
+    for field, value in pairs(fields) do
+      flat[#flat + 1] = field
+      flat[#flat + 1] = value
+    end
+    if #flat > 0 then
+      chunked('HSET', key, flat)
+      redis.call('EXPIRE', key, seconds)
+    end
+  end
+end
+local periods = redis.call('ZRANGE', p .. 'fdays', 0, -1)
 
--- impressions: record, deadline index, and the user's open requests (uo: rid US ts RS ...)
-local deadlines, opened, opened_order = {}, {}, {}
+-- impressions: new unless open (in dl) or finalised (fin:<period of the deadline>)
+local fresh, seen = {}, {}
 for _, im in ipairs(data[1]) do
-  local rid, uid = im[1], im[2]
-  if redis.call('EXISTS', p .. 'f:' .. rid) == 1
-      or not redis.call('SET', p .. 'r:' .. rid, im[5], 'NX', 'EX', ttl) then
-    dup = dup + 1
-  else
-    deadlines[#deadlines + 1] = im[4]
-    deadlines[#deadlines + 1] = rid
-    if not opened[uid] then
-      opened[uid] = {}
-      opened_order[#opened_order + 1] = uid
-    end
-    table.insert(opened[uid], rid .. '\31' .. im[3])
+  if seen[im[1]] then dup = dup + 1 else
+    seen[im[1]] = true
+    fresh[#fresh + 1] = im
   end
 end
-chunked('ZADD', KEYS[1], deadlines)
-update_users(p .. 'uo', opened, opened_order, function(old, new)
-  local joined = table.concat(new, '\30')
-  if old then return old .. '\30' .. joined end
-  return joined
-end, ttl)
+if #fresh > 0 then
+  local rids, by_period = {}, {}
+  for i, im in ipairs(fresh) do rids[i] = im[1] end
+  local open = read('ZMSCORE', KEYS[1], rids)
+  for i, im in ipairs(fresh) do
+    if open[i] then
+      dup = dup + 1
+      fresh[i] = false
+    else
+      local period = im[4] - im[4] % PERIOD
+      by_period[period] = by_period[period] or {}
+      table.insert(by_period[period], i)
+    end
+  end
+  for period, members in pairs(by_period) do
+    local names = {}
+    for j, i in ipairs(members) do names[j] = fresh[i][1] end
+    local done = read('HMGET', p .. 'fin:' .. string.format('%d', period), names)
+    for j, i in ipairs(members) do
+      if done[j] then
+        dup = dup + 1
+        fresh[i] = false
+      end
+    end
+  end
+  local records, deadlines, opened, order = {}, {}, {}, {}
+  for _, im in ipairs(fresh) do
+    if im then
+      local rid, uid = im[1], im[2]
+      records[#records + 1] = rid
+      records[#records + 1] = im[5]
+      deadlines[#deadlines + 1] = im[4]
+      deadlines[#deadlines + 1] = rid
+      if not opened[uid] then
+        opened[uid] = {}
+        order[#order + 1] = uid
+      end
+      table.insert(opened[uid], rid .. '\31' .. string.format('%d', im[3]))
+    end
+  end
+  if #records > 0 then
+    chunked('HSET', p .. 'o', records)
+    redis.call('EXPIRE', p .. 'o', ttl)
+    chunked('ZADD', KEYS[1], deadlines)
+    -- the user's open requests (uo: rid US ts, RS-joined) for the user-based join
+    local old = read('HMGET', p .. 'uo', order)
+    local lists = {}
+    for i, uid in ipairs(order) do
+      local joined = table.concat(opened[uid], '\30')
+      lists[#lists + 1] = uid
+      lists[#lists + 1] = old[i] and (old[i] .. '\30' .. joined) or joined
+    end
+    chunked('HSET', p .. 'uo', lists)
+    redis.call('EXPIRE', p .. 'uo', ttl)
+  end
+end
 
--- the first `cap` relevant interactions of a user (cold start), per epoch of event time:
--- entries eid US ts RS ..., sorted by (ts, eid) like a sorted set trimmed by rank
-local function merge_history(old, new)
-  local entries, seen = {}, {}
-  if old then
-    for eid, ts in string.gmatch(old, '([^\30\31]*)\31([^\30]*)') do
-      entries[#entries + 1] = {tonumber(ts), eid}
-      seen[eid] = true
-    end
-  end
-  for _, e in ipairs(new) do
-    if not seen[e[2]] then
-      entries[#entries + 1] = e
-      seen[e[2]] = true
-    end
-  end
-  table.sort(entries, function(a, b)
-    if a[1] ~= b[1] then return a[1] < b[1] end
-    return a[2] < b[2]
-  end)
-  local out = {}
-  for i = 1, math.min(cap, #entries) do
-    out[i] = entries[i][2] .. '\31' .. string.format('%d', entries[i][1])
-  end
-  return table.concat(out, '\30')
-end
-local history, history_order = {}, {}  -- epoch -> user -> entries; epoch -> users
+-- interactions
+local history, history_order = {}, {}  -- epoch -> user -> {ts, eid}; epoch -> users
 local loose_users = {}
+local named = {}  -- request id -> {interaction, ...} in batch order
+local named_order = {}
 for _, it in ipairs(data[2]) do
   local eid, uid, rid, ts, grade = it[1], it[2], it[3], it[4], it[5]
   if grade > 0 then
@@ -110,17 +144,11 @@ for _, it in ipairs(data[2]) do
     table.insert(mine[uid], {ts, eid})
   end
   if rid ~= '' then
-    local fk = p .. 'f:' .. rid
-    if redis.call('EXISTS', fk) == 1 then
-      if redis.call('HSETNX', fk, eid, 1) == 1 then late = late + 1 else dup = dup + 1 end
-    else
-      local k = p .. 'ri:' .. rid
-      if redis.call('HSETNX', k, eid, it[6]) == 0 then
-        dup = dup + 1
-      else
-        redis.call('EXPIRE', k, ttl)
-      end
+    if not named[rid] then
+      named[rid] = {}
+      named_order[#named_order + 1] = rid
     end
+    table.insert(named[rid], it)
   elseif ts < late_before then
     local xk = p .. 'ux:' .. uid
     if redis.call('SADD', xk, eid) == 1 then
@@ -139,8 +167,116 @@ for _, it in ipairs(data[2]) do
     end
   end
 end
+
+-- interactions naming a request: kept under the request if it is open, late (or
+-- repeated) if it is finalised, else kept too (it may arrive before its impression)
+if #named_order > 0 then
+  local final = {}  -- request id -> {period, applied ids}
+  local open = read('ZMSCORE', KEYS[1], named_order)
+  local closed = {}
+  for i, rid in ipairs(named_order) do
+    if not open[i] then closed[#closed + 1] = rid end
+  end
+  if #closed > 0 then
+    for _, period in ipairs(periods) do
+      local got = read('HMGET', p .. 'fin:' .. period, closed)
+      for i, rid in ipairs(closed) do
+        if got[i] and not final[rid] then final[rid] = {period, got[i]} end
+      end
+    end
+  end
+  local fin_changes, pending = {}, {}  -- key -> {field -> value}; epoch -> rid -> {records}
+  local pending_order = {}
+  for _, rid in ipairs(named_order) do
+    local f = final[rid]
+    for _, it in ipairs(named[rid]) do
+      local eid = it[1]
+      if f then
+        if listed(f[2], eid) then dup = dup + 1 else
+          late = late + 1
+          f[2] = (f[2] == '') and eid or (f[2] .. '\30' .. eid)
+          local key = p .. 'fin:' .. f[1]
+          fin_changes[key] = fin_changes[key] or {}
+          fin_changes[key][rid] = f[2]
+        end
+      else
+        local epoch = math.floor(it[4] / pending_ms)
+        if not pending[epoch] then
+          pending[epoch] = {}
+          pending_order[epoch] = {}
+        end
+        if not pending[epoch][rid] then
+          pending[epoch][rid] = {}
+          table.insert(pending_order[epoch], rid)
+        end
+        table.insert(pending[epoch][rid], it)
+      end
+    end
+  end
+  write_fields(fin_changes, ftl)
+  for epoch, by_rid in pairs(pending) do
+    local key = p .. 'n:' .. epoch
+    local rids = pending_order[epoch]
+    local old = read('HMGET', key, rids)
+    local out = {}
+    for i, rid in ipairs(rids) do
+      local list = old[i] or false
+      local added = false
+      for _, it in ipairs(by_rid[rid]) do
+        if list and listed(list, it[1]) then dup = dup + 1 else
+          list = list and (list .. '\30' .. it[6]) or it[6]
+          added = true
+        end
+      end
+      if added then
+        out[#out + 1] = rid
+        out[#out + 1] = list
+      end
+    end
+    if #out > 0 then
+      chunked('HSET', key, out)
+      redis.call('EXPIRE', key, math.floor(3 * pending_ms / 1000) + ttl)
+    end
+  end
+end
+
+-- the first `cap` relevant interactions of a user (cold start), per epoch of event time:
+-- entries eid US ts, RS-joined, sorted by (ts, eid) like a sorted set trimmed by rank
+local function merge_history(old, new)
+  local entries, known = {}, {}
+  if old then
+    for eid, ts in string.gmatch(old, '([^\30\31]*)\31([^\30]*)') do
+      entries[#entries + 1] = {tonumber(ts), eid}
+      known[eid] = true
+    end
+  end
+  for _, e in ipairs(new) do
+    if not known[e[2]] then
+      entries[#entries + 1] = e
+      known[e[2]] = true
+    end
+  end
+  table.sort(entries, function(a, b)
+    if a[1] ~= b[1] then return a[1] < b[1] end
+    return a[2] < b[2]
+  end)
+  local out = {}
+  for i = 1, math.min(cap, #entries) do
+    out[i] = entries[i][2] .. '\31' .. string.format('%d', entries[i][1])
+  end
+  return table.concat(out, '\30')
+end
 for epoch, users in pairs(history) do
-  update_users(p .. 'h:' .. epoch, users, history_order[epoch], merge_history, 2 * epoch_s + 86400)
+  local key = p .. 'h:' .. epoch
+  local order = history_order[epoch]
+  local old = read('HMGET', key, order)
+  local out = {}
+  for i, uid in ipairs(order) do
+    out[#out + 1] = uid
+    out[#out + 1] = merge_history(old[i], users[uid])
+  end
+  chunked('HSET', key, out)
+  redis.call('EXPIRE', key, 2 * epoch_s + 86400)
 end
 -- users with request-less interactions (lu: user -> latest such time), so finalisation
 -- reads and prunes ul: only for them
