@@ -9,8 +9,11 @@ Each repeat produces the same events to fresh topics (4 partitions each), then
 2. starts `python -m evaluator run` and times it from its first committed offset
    until every offset is committed (state durable in Redis) and every request
    the watermark has passed is finalised (finalisation runs on its own thread).
-It also reports Redis memory per open request: impressions of 20 items are
-ingested with nothing finalised, and used_memory grows by that much per request.
+It also reports the CPU time per event of the plain consumer, the evaluator
+process and Redis over the same intervals: unlike rates, CPU time barely moves
+when the shared machine's neighbours steal time. And Redis memory per open
+request: impressions of 20 items are ingested with nothing finalised, and
+used_memory grows by that much per request.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import NamedTuple
 
 import redis
 from _common import machine, synthetic_events
@@ -56,7 +60,8 @@ def produce(bootstrap: str, name: str, imps: list[bytes], ints: list[bytes]) -> 
     producer.close()
 
 
-def raw_rate(bootstrap: str, name: str, total: int) -> float:
+def raw_rate(bootstrap: str, name: str, total: int) -> tuple[float, float]:
+    """Events/s and CPU µs per event of a plain consumer (this process)."""
     consumer = KafkaConsumer(
         f"{name}-impressions",
         f"{name}-interactions",
@@ -66,15 +71,27 @@ def raw_rate(bootstrap: str, name: str, total: int) -> float:
         enable_auto_commit=False,
         max_poll_records=5000,
     )
-    seen, start = 0, None
+    seen, start, cpu = 0, None, 0.0
     while seen < total:
         records = consumer.poll(timeout_ms=500, max_records=5000)
         if records and start is None:
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
         seen += sum(len(v) for v in records.values())
     elapsed = time.perf_counter() - (start or time.perf_counter())
+    cpu = time.process_time() - cpu
     consumer.close()
-    return total / elapsed
+    return total / elapsed, cpu / total * 1e6
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process, all threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def redis_cpu_s(client: redis.Redis) -> float:
+    cpu = client.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
 def committed(admin: KafkaAdminClient, group: str) -> int:
@@ -92,7 +109,16 @@ ATTRIBUTION_WINDOW = "30m"
 """join.attribution_window of the measured evaluator (``--attribution-window``)."""
 
 
-def evaluator_rate(bootstrap: str, redis_url: str, name: str, total: int, log: Path) -> float:
+class Measured(NamedTuple):
+    rate: float
+    """Events/s from the first committed offset until the end."""
+    cpu_us: float
+    """CPU µs per event of the evaluator process over the same interval."""
+    redis_cpu_us: float
+    """CPU µs per event of the Redis server over the same interval."""
+
+
+def evaluator_rate(bootstrap: str, redis_url: str, name: str, total: int, log: Path) -> Measured:
     env = {
         "EVALUATOR_PROPENSITY__ESTIMATOR": ESTIMATOR,
         "EVALUATOR_JOIN__ATTRIBUTION_WINDOW": ATTRIBUTION_WINDOW,
@@ -125,6 +151,7 @@ def evaluator_rate(bootstrap: str, redis_url: str, name: str, total: int, log: P
             now = time.perf_counter()
             if done and start is None:
                 start, first = now, done
+                cpu_at, redis_at = process_cpu_s(proc.pid), redis_cpu_s(client)
             if done >= total and offsets_at is None:
                 offsets_at = now
             if count != last:
@@ -132,7 +159,12 @@ def evaluator_rate(bootstrap: str, redis_url: str, name: str, total: int, log: P
             # finalisation runs beside ingestion: the run ends when every offset is
             # committed and the finalised count has settled (the quiet time not counted)
             if offsets_at is not None and now - changed_at > SETTLE_S:
-                return (total - first) / (max(offsets_at, changed_at) - start)
+                events = total - first
+                return Measured(
+                    events / (max(offsets_at, changed_at) - start),
+                    (process_cpu_s(proc.pid) - cpu_at) / events * 1e6,
+                    (redis_cpu_s(client) - redis_at) / events * 1e6,
+                )
             if proc.poll() is not None:
                 raise SystemExit(f"evaluator exited; see {log}")
             time.sleep(0.05)
@@ -173,7 +205,7 @@ def memory_per_request(bootstrap: str, redis_url: str, requests: int, log: Path)
     imps, _ = events(requests, seed=1)
     before = client.info("memory")["used_memory"]
     produce(bootstrap, name, imps, [])
-    evaluator_rate(bootstrap, redis_url, name, len(imps), log)
+    evaluator_rate(bootstrap, redis_url, name, len(imps), log)  # rate not used
     after = client.info("memory")["used_memory"]
     drop_prefix(redis_url, name)
     return (after - before) / requests
@@ -211,18 +243,24 @@ def main() -> None:
     redis_url = os.environ["REDIS_URL"]
     imps, ints = events(args.requests, spacing_ms=args.spacing_ms)
     total = len(imps) + len(ints)
-    raws, evals = [], []
+    raws: list[float] = []
+    raw_cpu: list[float] = []
+    evals: list[Measured] = []
     with tempfile.TemporaryDirectory() as scratch:
         tmp = str(args.log_dir or scratch)
         Path(tmp).mkdir(parents=True, exist_ok=True)
         for i in range(args.repeats):
             name = f"bench-{uuid.uuid4().hex[:6]}"
             produce(bootstrap, name, imps, ints)
-            raws.append(raw_rate(bootstrap, name, total))
+            rate, cpu = raw_rate(bootstrap, name, total)
+            raws.append(rate)
+            raw_cpu.append(cpu)
             evals.append(evaluator_rate(bootstrap, redis_url, name, total, Path(tmp) / f"{i}.log"))
+            got = evals[-1]
             print(
-                f"  run {i + 1}: raw {raws[-1]:,.0f} ev/s, evaluator {evals[-1]:,.0f} ev/s, "
-                f"ratio {evals[-1] / raws[-1]:.2f}, "
+                f"  run {i + 1}: raw {rate:,.0f} ev/s ({cpu:.1f} CPU µs/ev), "
+                f"evaluator {got.rate:,.0f} ev/s ({got.cpu_us:.1f} CPU µs/ev, "
+                f"Redis {got.redis_cpu_us:.1f}), ratio {got.rate / rate:.2f}, "
                 f"{finalised(redis_url, name):,} requests finalised"
             )
             drop_prefix(redis_url, name)
@@ -231,13 +269,20 @@ def main() -> None:
             if args.skip_memory
             else memory_per_request(bootstrap, redis_url, 20_000, Path(tmp) / "mem.log")
         )
-    raw, ev = statistics.median(raws), statistics.median(evals)
+    raw, ev = statistics.median(raws), statistics.median(m.rate for m in evals)
+    cpu_raw = statistics.median(raw_cpu)
+    cpu_ev = statistics.median(m.cpu_us for m in evals)
+    cpu_redis = statistics.median(m.redis_cpu_us for m in evals)
     print(f"machine: {machine()}")
     print(
         f"{total:,} events ({args.requests:,} impressions of 20 items), medians of {args.repeats}"
     )
     print(f"  raw kafka-python consumption: {raw:10,.0f} events/s (the ceiling)")
     print(f"  evaluator run              : {ev:10,.0f} events/s  -> {ev / raw:.2f} of the ceiling")
+    print(
+        f"  CPU per event (noise-robust): raw consumer {cpu_raw:.1f} µs, evaluator "
+        f"{cpu_ev:.1f} µs ({cpu_raw / cpu_ev:.2f} of the ceiling), Redis {cpu_redis:.1f} µs"
+    )
     print(
         f"  propensity.estimator       : {args.estimator}, spacing {args.spacing_ms} ms, "
         f"attribution window {args.attribution_window}"

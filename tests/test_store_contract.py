@@ -206,6 +206,20 @@ def test_late_interactions_are_counted_once(make_store) -> None:
     assert store.counters()["late"] == 2
 
 
+def test_history_keeps_the_earliest_relevant_interactions(make_store) -> None:
+    """Cold start needs each user's first N relevant interactions, whatever order and
+    batches they arrive in, redeliveries included."""
+    store = make_store(SETTINGS.layout())
+    cap = SETTINGS.cold_start.min_relevant_history
+    batches = [[5_000, 4_000], [3_000, 6_000], [1_000], [3_000], [2_000, 7_000]]
+    for times in batches:
+        rows = [(f"h{ts}", "u1", "a", None, ts, "click") for ts in times]
+        ingest(store, impressions(), interactions(*rows))
+    ingest(store, impressions(("r1", "u1", 9_000, ["a"])), interactions())
+    _, users = store.load(store.due(CONFIG.deadline(9_000), 10))
+    assert users["u1"].history_ms == [1_000, 2_000, 3_000, 4_000, 5_000, 6_000, 7_000][:cap]
+
+
 def test_interactions_before_their_impression_wait_for_it(make_store) -> None:
     store = make_store(SETTINGS.layout())
     early = interactions(("i1", "u1", "b", "r1", 1_500, "purchase"))

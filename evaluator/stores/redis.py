@@ -219,16 +219,13 @@ class RedisStore:
             int_shards,
             strict=True,
         ):
+            stored = (
+                pending_record(it.event_id, it.item_id, ts, grade)
+                if it.request_id
+                else loose_member(it.event_id, it.item_id, grade)
+            )
             per_shard[shard][1].append(
-                (
-                    it.event_id,
-                    it.user_id,
-                    it.request_id or "",
-                    ts,
-                    grade,
-                    pending_record(it.event_id, it.item_id, ts, grade),
-                    loose_member(it.event_id, it.item_id, grade),
-                )
+                (it.event_id, it.user_id, it.request_id or "", ts, grade, stored)
             )
         return {shard: msgspec.msgpack.encode(pair) for shard, pair in per_shard.items()}
 

@@ -5,7 +5,8 @@
 -- ARGV[7] = finalised-marker ttl s   ARGV[8] = pending-interaction epoch ms
 -- ARGV[9] = finalised-marker period ms
 -- impression:  {request_id, user_id, ts, deadline, stored value}
--- interaction: {event_id, user_id, request_id or "", ts, grade, record, loose member}
+-- interaction: {event_id, user_id, request_id or "", ts, grade, stored}: stored is the
+--              pending record when it names a request, else the loose member
 -- State lives in per-shard hashes written with one multi-field command per batch (a
 -- redis.call, and above all a new key, costs far more than one more field):
 --   o: request -> record; dl: request -> deadline; n:<epoch>: request -> records of
@@ -159,7 +160,7 @@ for _, it in ipairs(data[2]) do
     end
   else
     local lk = p .. 'ul:' .. uid
-    if redis.call('ZADD', lk, 'NX', ts, it[7]) == 0 then
+    if redis.call('ZADD', lk, 'NX', ts, it[6]) == 0 then
       dup = dup + 1
     else
       redis.call('EXPIRE', lk, ttl)
@@ -242,7 +243,12 @@ end
 
 -- the first `cap` relevant interactions of a user (cold start), per epoch of event time:
 -- entries eid US ts, RS-joined, sorted by (ts, eid) like a sorted set trimmed by rank
+-- returns the new value, or nil when nothing changes (the common case once a user has
+-- `cap` earlier interactions)
 local function merge_history(old, new)
+  if not old and #new == 1 then
+    return new[1][2] .. '\31' .. string.format('%d', new[1][1])
+  end
   local entries, known = {}, {}
   if old then
     for eid, ts in string.gmatch(old, '([^\30\31]*)\31([^\30]*)') do
@@ -250,12 +256,19 @@ local function merge_history(old, new)
       known[eid] = true
     end
   end
+  local full, last = #entries >= cap, entries[#entries]
+  local changed = false
   for _, e in ipairs(new) do
     if not known[e[2]] then
-      entries[#entries + 1] = e
+      -- an interaction after the last of a full stored list cannot enter it
+      if not (full and (e[1] > last[1] or (e[1] == last[1] and e[2] > last[2]))) then
+        entries[#entries + 1] = e
+        changed = true
+      end
       known[e[2]] = true
     end
   end
+  if not changed then return nil end
   table.sort(entries, function(a, b)
     if a[1] ~= b[1] then return a[1] < b[1] end
     return a[2] < b[2]
@@ -272,11 +285,16 @@ for epoch, users in pairs(history) do
   local old = read('HMGET', key, order)
   local out = {}
   for i, uid in ipairs(order) do
-    out[#out + 1] = uid
-    out[#out + 1] = merge_history(old[i], users[uid])
+    local merged = merge_history(old[i], users[uid])
+    if merged then
+      out[#out + 1] = uid
+      out[#out + 1] = merged
+    end
   end
-  chunked('HSET', key, out)
-  redis.call('EXPIRE', key, 2 * epoch_s + 86400)
+  if #out > 0 then
+    chunked('HSET', key, out)
+    redis.call('EXPIRE', key, 2 * epoch_s + 86400)
+  end
 end
 -- users with request-less interactions (lu: user -> latest such time), so finalisation
 -- reads and prunes ul: only for them
