@@ -288,15 +288,14 @@ class RedisStore:
                 [self.tag(shard), self.history_ttl_s, self.pending_epoch_ms, *rids],
             )
         requests: list[OpenRequest] = []
-        contexts: list[tuple[str, list[list[bytes]]]] = []
+        contexts: list[tuple[bytes, bytes, Any]] = []
         for found, users in self._execute(pipe):
             for rid, value, pending in found:
                 requests.append(decode_request(_text(rid), value, pending))
-            contexts += [(_text(user[0]), user[1:]) for user in users]
+            contexts += zip(users[0::3], users[1::3], users[2::3], strict=True)
         items = {r.request_id: r.items for r in requests}
         return requests, {
-            uid: decode_context(loose, hist, imps, others, items)
-            for uid, (loose, hist, imps, others) in contexts
+            uid.decode(): decode_context(hist, extra, items) for uid, hist, extra in contexts
         }
 
     def commit(self, finalised: Finalised, prune_loose_before_ms: int | None = None) -> int:

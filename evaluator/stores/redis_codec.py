@@ -6,6 +6,8 @@ Older records (without context and randomisation) still decode.
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from evaluator.events import Impression, Randomization
 from evaluator.finalise import OpenRequest, PendingInteraction, UserContext
 
@@ -79,32 +81,37 @@ def decode_request(rid: str, value: bytes, pending: bytes) -> OpenRequest:
 
 
 def decode_context(
-    loose: list[bytes],
-    hist: list[bytes],
-    imps: list[bytes],
-    others: list[bytes],
-    known: dict[str, list[str]],
+    history: bytes, extra: bytes | list[Any], known: dict[str, list[str]]
 ) -> UserContext:
-    """A user's context from the load script's flat (member, score) lists.
+    """A user's context from the load script's reply.
 
-    ``known`` maps the requests being loaded to their items; ``others`` holds the
-    user's other open requests (their records are decoded only for their items)."""
-    history = sorted(map(int, hist[1::2]))
-    if not loose:  # most users: the cold-start history is all finalisation needs
-        return UserContext(history_ms=history)
+    ``history`` holds the user's stored history entries (event US time, RS-joined);
+    ``extra`` is empty, or for a user with request-less interactions: their
+    (member, score) pairs, the user's open requests as stored (request US time,
+    RS-joined), and the other open requests' records (decoded only for their items).
+    ``known`` maps the requests being loaded to their items."""
+    times = sorted(int(entry.split(SEP)[1]) for entry in history.decode().split(FIELD) if entry)
+    if not extra:  # most users: the cold-start history is all finalisation needs
+        return UserContext(history_ms=times)
+    loose, open_raw, others = cast("list[Any]", extra)
     items = {  # only the items field (the 4th) of each record is needed
         others[k].decode(): others[k + 1].decode().split(FIELD, 4)[3].split(SEP)
         for k in range(0, len(others), 2)
     }
-    ids = [rid.decode() for rid in imps[0::2]]
+    listed: dict[str, int] = {}
+    for entry in open_raw.decode().split(FIELD):
+        if entry:
+            rid, ts = entry.split(SEP)
+            listed.setdefault(rid, int(ts))
+    order = sorted(listed.items(), key=lambda pair: (pair[1], pair[0]))  # time, then id
     pending = []
     for k in range(0, len(loose), 2):
         event_id, item, grade = loose[k].decode().split(SEP)
         pending.append(PendingInteraction(event_id, item, int(loose[k + 1]), float(grade)))
     return UserContext(
-        impression_ms=[int(ts) for ts in imps[1::2]],
-        impression_ids=ids,
-        impression_items=[known.get(rid) or items.get(rid, []) for rid in ids],
+        impression_ms=[ts for _, ts in order],
+        impression_ids=[rid for rid, _ in order],
+        impression_items=[known.get(rid) or items.get(rid, []) for rid, _ in order],
         loose=pending,
-        history_ms=history,
+        history_ms=times,
     )

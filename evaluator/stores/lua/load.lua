@@ -4,8 +4,11 @@
 -- Returns {requests, users}:
 --   requests: {request_id, stored record, interactions naming it (RS-joined records)}
 --             for the open ones
---   users:    {user_id, {loose member, ts, ...}, {history event, ts, ...},
---              {open request id, ts, ...}, {request id, stored record, ...}}
+--   users:    user_id, history, extra, user_id, history, extra, ... where history is
+--             the stored entries (event US time, RS-joined) and extra is '' or, for a
+--             user with request-less interactions, {{loose member, ts, ...}, the
+--             user's open requests as stored (request US time, RS-joined),
+--             {other open request id, stored record, ...}}
 -- Interactions naming a request are read from the epochs of its time and the epochs
 -- either side; history from the epoch of its time and the one before. The user's open
 -- impressions (for the user-based join) are only read when the user has request-less
@@ -76,48 +79,32 @@ for _, e in ipairs(epoch_list) do
 end
 local requests = {}
 for j, rid in ipairs(rids) do requests[j] = {rid, records[j], pending[j] or ''} end
+-- per user: the stored history strings of the epochs (RS-joined), returned as they are
 local hist = {}
 for _, e in ipairs(hepoch_list) do
   local got = read('HMGET', p .. 'h:' .. e, order)
   for j = 1, #order do
-    if got[j] then
-      local flat = hist[j] or {}
-      for eid, ts in string.gmatch(got[j], '([^\30\31]*)\31([^\30]*)') do
-        flat[#flat + 1] = eid
-        flat[#flat + 1] = ts
-      end
-      hist[j] = flat
-    end
+    if got[j] then hist[j] = hist[j] and (hist[j] .. '\30' .. got[j]) or got[j] end
   end
 end
 local has_loose = read('ZMSCORE', p .. 'lu', order)
 local users = {}
 for j, uid in ipairs(order) do
-  local loose, imps, others = {}, {}, {}
+  local loose = {}
   if has_loose[j] then
     loose = redis.call('ZRANGE', p .. 'ul:' .. uid, 0, -1, 'WITHSCORES')
     if #loose == 0 then redis.call('ZREM', p .. 'lu', uid) end
   end
+  users[#users + 1] = uid
+  users[#users + 1] = hist[j] or ''
   if #loose > 0 then
-    local entries, listed = {}, {}
-    local open = redis.call('HGET', p .. 'uo', uid)
-    if open then
-      for rid, ts in string.gmatch(open, '([^\30\31]*)\31([^\30]*)') do
-        if not listed[rid] then
-          listed[rid] = true
-          entries[#entries + 1] = {tonumber(ts), rid}
-        end
-      end
-    end
-    table.sort(entries, function(a, b)  -- sorted set order: time, then id
-      if a[1] ~= b[1] then return a[1] < b[1] end
-      return a[2] < b[2]
-    end)
-    local other_ids = {}
-    for _, e in ipairs(entries) do
-      imps[#imps + 1] = e[2]
-      imps[#imps + 1] = string.format('%d', e[1])
-      if not wanted[e[2]] then other_ids[#other_ids + 1] = e[2] end
+    -- the user-based join needs the user's open requests (uo: as stored) and the
+    -- records of those not being loaded
+    local open = redis.call('HGET', p .. 'uo', uid) or ''
+    local other_ids, listed, others = {}, {}, {}
+    for rid in string.gmatch(open, '([^\30\31]*)\31[^\30]*') do
+      if not listed[rid] and not wanted[rid] then other_ids[#other_ids + 1] = rid end
+      listed[rid] = true
     end
     if #other_ids > 0 then
       local got = read('HMGET', p .. 'o', other_ids)
@@ -128,7 +115,9 @@ for j, uid in ipairs(order) do
         end
       end
     end
+    users[#users + 1] = {loose, open, others}
+  else
+    users[#users + 1] = ''
   end
-  users[#users + 1] = {uid, loose, hist[j] or {}, imps, others}
 end
 return {requests, users}
