@@ -5,7 +5,10 @@ the window blocks they contribute to carries the hash tag ``{<prefix>:<shard>}``
 shard = user bucket % shards, so each Lua script touches one slot and the same
 layout runs on Redis Cluster. Writes go through two Lua scripts, ``ingest`` and
 ``commit``, which make every state change idempotent and each finalisation a
-single atomic claim.
+single atomic claim. Open requests, the interactions naming them and finalised
+markers are fields of a few per-shard hashes, not keys of their own: a script
+writes a batch's worth with one multi-field command, where a key per request
+cost a command (and a key's overhead) each.
 """
 
 from __future__ import annotations
