@@ -66,7 +66,9 @@ class LayoutMismatchError(Exception):
 
 
 def _script(name: str) -> str:
-    return resources.files("evaluator.stores").joinpath(f"lua/{name}.lua").read_text()
+    """A script's source, after the helpers it shares with the others (``lua/lib.lua``)."""
+    lua = resources.files("evaluator.stores").joinpath("lua")
+    return lua.joinpath("lib.lua").read_text() + lua.joinpath(f"{name}.lua").read_text()
 
 
 Client = redis.Redis | RedisCluster

@@ -23,20 +23,7 @@ local pending_ms = tonumber(ARGV[9])
 local PERIOD = tonumber(ARGV[10])
 -- A request is open exactly while it is in the deadline index: finalisation removes it
 -- in the same script that writes its fin:<period> marker, and ingest never re-opens a
--- request with a marker. Multi-field commands take at most CHUNK arguments (Lua's
--- unpack limit).
-local CHUNK = 4000
-local function each_chunk(list, fn)
-  for i = 1, #list, CHUNK do fn(unpack(list, i, math.min(i + CHUNK - 1, #list))) end
-end
-local function read(command, key, names)
-  local out = {}
-  for i = 1, #names, CHUNK do
-    local got = redis.call(command, key, unpack(names, i, math.min(i + CHUNK - 1, #names)))
-    for j = 1, #got do out[i + j - 1] = got[j] end
-  end
-  return out
-end
+-- request with a marker.
 local rids = {}
 for i, r in ipairs(data[1]) do rids[i] = r[1] end
 local open = read('ZMSCORE', KEYS[1], rids)
@@ -47,16 +34,9 @@ end
 if #taken > 0 then return {0, taken, 0} end
 
 -- the interactions naming each request (from the epochs either side of its time)
-local epochs, epoch_list = {}, {}
-for _, r in ipairs(data[1]) do
-  local e = math.floor(r[5] / pending_ms)
-  for x = e - 1, e + 1 do
-    if not epochs[x] then
-      epochs[x] = true
-      epoch_list[#epoch_list + 1] = x
-    end
-  end
-end
+local times = {}
+for i, r in ipairs(data[1]) do times[i] = r[5] end
+local epoch_list = epochs_around(times, pending_ms, 1, 1)
 local applied = {}
 for _, e in ipairs(epoch_list) do
   local key = p .. 'n:' .. e
@@ -71,7 +51,7 @@ for _, e in ipairs(epoch_list) do
       present[#present + 1] = rids[j]
     end
   end
-  each_chunk(present, function(...) redis.call('HDEL', key, ...) end)
+  chunked('HDEL', key, present)
 end
 -- finalised markers: request -> ids of the interactions applied, so a redelivery is a
 -- duplicate; interactions stored after the request was loaded (ingest runs beside
@@ -96,7 +76,7 @@ end
 local periods = p .. 'fdays'
 for period, flat in pairs(markers) do
   local key = p .. 'fin:' .. period
-  each_chunk(flat, function(...) redis.call('HSET', key, ...) end)
+  chunked('HSET', key, flat)
   redis.call('EXPIRE', key, ftl)
   redis.call('ZADD', periods, period, period)
 end
@@ -105,8 +85,8 @@ local newest = tonumber(redis.call('ZRANGE', periods, -1, -1, 'WITHSCORES')[2])
 local oldest = newest - ftl * 1000 - 2 * PERIOD
 redis.call('ZREMRANGEBYSCORE', periods, '-inf', '(' .. string.format('%d', oldest))
 redis.call('EXPIRE', periods, ftl + 86400)
-each_chunk(rids, function(...) redis.call('HDEL', p .. 'o', ...) end)
-each_chunk(rids, function(...) redis.call('ZREM', KEYS[1], ...) end)
+chunked('HDEL', p .. 'o', rids)
+chunked('ZREM', KEYS[1], rids)
 -- the users' open-request lists (uo: rid US ts RS ...) lose the finalised requests, and
 -- entries of requests long past the horizon (expired without being finalised)
 local stale_before = tonumber(ARGV[6]) - 2 * tonumber(ARGV[3]) * 1000
@@ -125,8 +105,8 @@ for i, uid in ipairs(user_order) do
     end
   end
 end
-each_chunk(rewritten, function(...) redis.call('HSET', p .. 'uo', ...) end)
-each_chunk(emptied, function(...) redis.call('HDEL', p .. 'uo', ...) end)
+chunked('HSET', p .. 'uo', rewritten)
+chunked('HDEL', p .. 'uo', emptied)
 -- pruned request-less interactions are remembered as seen (ux:), so a redelivery
 -- after a crash counts as a duplicate, not as late; only users listed in lu: have any
 local loose_ts = read('ZMSCORE', p .. 'lu', user_order)

@@ -23,27 +23,12 @@ local ftl = tonumber(ARGV[7])
 local pending_ms = tonumber(ARGV[8])
 local PERIOD = tonumber(ARGV[9])
 local dup, late = 0, 0
-local CHUNK = 4000  -- Lua's unpack takes at most ~8000 values
-local function chunked(command, key, list)
-  for i = 1, #list, CHUNK do
-    redis.call(command, key, unpack(list, i, math.min(i + CHUNK - 1, #list)))
-  end
-end
--- one multi-field read of `names` (returns a table parallel to them, false if absent)
-local function read(command, key, names)
-  local out = {}
-  for i = 1, #names, CHUNK do
-    local got = redis.call(command, key, unpack(names, i, math.min(i + CHUNK - 1, #names)))
-    for j = 1, #got do out[i + j - 1] = got[j] end
-  end
-  return out
-end
 -- is `id` one of the RS-joined ids at the start of each RS-separated part of `list`?
 local function listed(list, id)
   return string.find('\30' .. list .. '\31', '\30' .. id .. '\31', 1, true) ~= nil
       or string.find('\30' .. list .. '\30', '\30' .. id .. '\30', 1, true) ~= nil
 end
--- reads, changes and writes back per-key fields: changes[key] = {field -> value}
+-- writes fields of several hashes: changes[key] = {field -> value}, one HSET per key
 local function write_fields(changes, seconds)
   for key, fields in pairs(changes) do
     local flat = {}
@@ -112,15 +97,10 @@ if #fresh > 0 then
     redis.call('EXPIRE', p .. 'o', ttl)
     chunked('ZADD', KEYS[1], deadlines)
     -- the user's open requests (uo: rid US ts, RS-joined) for the user-based join
-    local old = read('HMGET', p .. 'uo', order)
-    local lists = {}
-    for i, uid in ipairs(order) do
-      local joined = table.concat(opened[uid], '\30')
-      lists[#lists + 1] = uid
-      lists[#lists + 1] = old[i] and (old[i] .. '\30' .. joined) or joined
-    end
-    chunked('HSET', p .. 'uo', lists)
-    redis.call('EXPIRE', p .. 'uo', ttl)
+    update(p .. 'uo', order, function(old, i)
+      local joined = table.concat(opened[order[i]], '\30')
+      return old and (old .. '\30' .. joined) or joined
+    end, ttl)
   end
 end
 
@@ -216,28 +196,17 @@ if #named_order > 0 then
   end
   write_fields(fin_changes, ftl)
   for epoch, by_rid in pairs(pending) do
-    local key = p .. 'n:' .. epoch
     local rids = pending_order[epoch]
-    local old = read('HMGET', key, rids)
-    local out = {}
-    for i, rid in ipairs(rids) do
-      local list = old[i] or false
+    update(p .. 'n:' .. epoch, rids, function(list, i)
       local added = false
-      for _, it in ipairs(by_rid[rid]) do
+      for _, it in ipairs(by_rid[rids[i]]) do
         if list and listed(list, it[1]) then dup = dup + 1 else
           list = list and (list .. '\30' .. it[6]) or it[6]
           added = true
         end
       end
-      if added then
-        out[#out + 1] = rid
-        out[#out + 1] = list
-      end
-    end
-    if #out > 0 then
-      chunked('HSET', key, out)
-      redis.call('EXPIRE', key, math.floor(3 * pending_ms / 1000) + ttl)
-    end
+      return added and list or nil
+    end, math.floor(3 * pending_ms / 1000) + ttl)
   end
 end
 
@@ -280,21 +249,10 @@ local function merge_history(old, new)
   return table.concat(out, '\30')
 end
 for epoch, users in pairs(history) do
-  local key = p .. 'h:' .. epoch
   local order = history_order[epoch]
-  local old = read('HMGET', key, order)
-  local out = {}
-  for i, uid in ipairs(order) do
-    local merged = merge_history(old[i], users[uid])
-    if merged then
-      out[#out + 1] = uid
-      out[#out + 1] = merged
-    end
-  end
-  if #out > 0 then
-    chunked('HSET', key, out)
-    redis.call('EXPIRE', key, 2 * epoch_s + 86400)
-  end
+  update(p .. 'h:' .. epoch, order, function(old, i)
+    return merge_history(old, users[order[i]])
+  end, 2 * epoch_s + 86400)
 end
 -- users with request-less interactions (lu: user -> latest such time), so finalisation
 -- reads and prunes ul: only for them
@@ -304,7 +262,7 @@ for uid, ts in pairs(loose_users) do
   lu[#lu + 1] = uid
 end
 if #lu > 0 then
-  for i = 1, #lu, CHUNK do
+  for i = 1, #lu, CHUNK do  -- (chunked() cannot pass the GT flag)
     redis.call('ZADD', p .. 'lu', 'GT', unpack(lu, i, math.min(i + CHUNK - 1, #lu)))
   end
   redis.call('EXPIRE', p .. 'lu', ttl)

@@ -16,15 +16,6 @@
 local p = ARGV[1]
 local history_ms = tonumber(ARGV[2]) * 1000
 local pending_ms = tonumber(ARGV[3])
-local CHUNK = 4000
-local function read(command, key, names)
-  local out = {}
-  for i = 1, #names, CHUNK do
-    local got = redis.call(command, key, unpack(names, i, math.min(i + CHUNK - 1, #names)))
-    for j = 1, #got do out[i + j - 1] = got[j] end
-  end
-  return out
-end
 local function time_of(record)  -- user RS variant RS time RS ...
   local a = string.find(record, '\30', 1, true)
   local b = string.find(record, '\30', a + 1, true)
@@ -35,7 +26,7 @@ local asked = {}
 for i = 4, #ARGV do asked[#asked + 1] = ARGV[i] end
 local values = read('HMGET', p .. 'o', asked)
 local rids, records, wanted, order, seen = {}, {}, {}, {}, {}
-local epochs, epoch_list, hepochs, hepoch_list = {}, {}, {}, {}
+local times = {}
 local gone = {}
 for i, rid in ipairs(asked) do
   local value = values[i]
@@ -48,28 +39,15 @@ for i, rid in ipairs(asked) do
       seen[uid] = true
       order[#order + 1] = uid
     end
-    local e = math.floor(ts / pending_ms)
-    for x = e - 1, e + 1 do
-      if not epochs[x] then
-        epochs[x] = true
-        epoch_list[#epoch_list + 1] = x
-      end
-    end
-    local h = math.floor(ts / history_ms)
-    for x = h - 1, h do
-      if not hepochs[x] then
-        hepochs[x] = true
-        hepoch_list[#hepoch_list + 1] = x
-      end
-    end
+    times[#times + 1] = ts
   else
     gone[#gone + 1] = rid
   end
 end
-for i = 1, #gone, CHUNK do
-  redis.call('ZREM', KEYS[1], unpack(gone, i, math.min(i + CHUNK - 1, #gone)))
-end
+chunked('ZREM', KEYS[1], gone)
 if #rids == 0 then return {{}, {}} end
+local epoch_list = epochs_around(times, pending_ms, 1, 1)
+local hepoch_list = epochs_around(times, history_ms, 1, 0)
 local pending = {}
 for _, e in ipairs(epoch_list) do
   local got = read('HMGET', p .. 'n:' .. e, rids)

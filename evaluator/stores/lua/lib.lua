@@ -1,0 +1,48 @@
+-- Helpers shared by the scripts: the store prepends this file to each of them
+-- (a script cannot load another).
+local CHUNK = 4000  -- values per command: Lua's unpack takes at most ~8000
+-- `command key v1 v2 ...` over a long list, CHUNK values at a time
+local function chunked(command, key, list)
+  for i = 1, #list, CHUNK do
+    redis.call(command, key, unpack(list, i, math.min(i + CHUNK - 1, #list)))
+  end
+end
+-- one multi-field read of `names`: a table parallel to them (false where absent)
+local function read(command, key, names)
+  local out = {}
+  for i = 1, #names, CHUNK do
+    local got = redis.call(command, key, unpack(names, i, math.min(i + CHUNK - 1, #names)))
+    for j = 1, #got do out[i + j - 1] = got[j] end
+  end
+  return out
+end
+-- read the fields `names` of hash `key`, pass each old value (or false) with its
+-- position to `merge`, and write back the non-nil results in one HSET (then EXPIRE)
+local function update(key, names, merge, seconds)
+  local old, out = read('HMGET', key, names), {}
+  for i, name in ipairs(names) do
+    local value = merge(old[i], i)
+    if value then
+      out[#out + 1] = name
+      out[#out + 1] = value
+    end
+  end
+  if #out > 0 then
+    chunked('HSET', key, out)
+    redis.call('EXPIRE', key, seconds)
+  end
+end
+-- the distinct epochs (time // length) from `before` below to `after` above each time
+local function epochs_around(times, length, before, after)
+  local seen, list = {}, {}
+  for _, t in ipairs(times) do
+    local e = math.floor(t / length)
+    for x = e - before, e + after do
+      if not seen[x] then
+        seen[x] = true
+        list[#list + 1] = x
+      end
+    end
+  end
+  return list
+end
