@@ -294,6 +294,29 @@ def test_user_join_sees_the_users_open_impressions(make_store) -> None:
     assert engaged == {"r1": 0.0, "r2": 1.0}  # the most recent impression with the item wins
 
 
+def test_user_join_ignores_what_cannot_reach_the_loaded_requests(make_store) -> None:
+    """Request-less interactions outside every loaded request's window, and open
+    requests that cannot compete for the others, change nothing (the Redis store
+    leaves them out of the context)."""
+    store = make_store(SETTINGS.layout())
+    window = CONFIG.rules.attribution_window_ms
+    later = 1_000 + 3 * window
+    ingest(
+        store,
+        impressions(("r1", "u1", 1_000, ["a", "b"]), ("r2", "u1", later, ["a", "b"])),
+        interactions(
+            ("i1", "u1", "b", None, 2_000, "click"),  # joins r1
+            ("i2", "u1", "a", None, later + 1_000, "purchase"),  # joins r2 only
+        ),
+    )
+    requests, users = store.load(store.due(CONFIG.deadline(1_000), 10))
+    assert [r.request_id for r in requests] == ["r1"]
+    assert "i1" in {x.event_id for x in users["u1"].loose}
+    done = finalise(requests, users, CONFIG)
+    assert done.rows[0][1] == 1.0  # engaged, by the click on b only
+    assert done.outcomes["attributed"] == 1
+
+
 def test_progress_merges_to_the_latest_event_time(make_store) -> None:
     store = make_store(SETTINGS.layout())
     store.record_progress({"impressions:0": PartitionProgress(500, 10)})

@@ -28,7 +28,7 @@ ASSIGNMENT_TIMEOUT_S = 30.0
 
 
 def build_store(settings: Settings) -> RedisStore:
-    r = settings.redis
+    r, rules = settings.redis, settings.join.rules()
     client = connect(
         r.url,
         username=r.username,
@@ -47,6 +47,8 @@ def build_store(settings: Settings) -> RedisStore:
         finalised_ttl_s=r.ttl_s("finalised_ttl"),
         propensity_history_ms=settings.propensity.history_ms(),
         attribute=settings.metrics.diversity_attribute,
+        join_window_ms=rules.attribution_window_ms,
+        clock_skew_ms=rules.max_clock_skew_ms,
     )
     store.check_layout()
     return store

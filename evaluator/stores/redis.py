@@ -125,6 +125,8 @@ class RedisStore:
         propensity_history_ms: int = 7 * DAY_MS,
         history_ttl_s: int = 30 * 86_400,
         attribute: str = "category",
+        join_window_ms: int = -1,
+        clock_skew_ms: int = 0,
     ) -> None:
         block_values = int(np.prod(layout.block_shape))
         if block_values > MAX_LUA_VALUES:
@@ -141,6 +143,10 @@ class RedisStore:
         self.finalised_ttl_s = finalised_ttl_s
         self.propensity_history_ms = propensity_history_ms
         self.history_ttl_s = history_ttl_s
+        self.join = (join_window_ms, clock_skew_ms)
+        """The join rules' attribution window and clock skew: loading then returns only
+        the request-less interactions that could join the loaded requests, and the open
+        requests that could compete for them (-1: all of them)."""
         self.pending_epoch_ms = state_ttl_s * 1000
         """Interactions naming a request wait in hashes per epoch of their event time;
         finalisation reads the request's epoch and the two beside it."""
@@ -290,7 +296,7 @@ class RedisStore:
                 pipe,
                 "load",
                 self.tag(shard) + "dl",
-                [self.tag(shard), self.history_ttl_s, self.pending_epoch_ms, *rids],
+                [self.tag(shard), self.history_ttl_s, self.pending_epoch_ms, *self.join, *rids],
             )
         requests: list[OpenRequest] = []
         contexts: list[tuple[bytes, bytes, Any]] = []
