@@ -487,6 +487,24 @@ def test_propensity_curve_of_a_bucket_is_fixed_by_the_first_proposal(make_store)
     assert store.propensity_curve(120_000, (1.0, 0.25)) == (1.0, 0.25)
 
 
+def test_redis_refuses_open_requests_of_the_per_request_key_format(
+    redis_url: str, key_prefix: str
+) -> None:
+    from evaluator.stores.redis import LayoutMismatchError, RedisStore, connect
+
+    client = connect(redis_url)
+    store = RedisStore(client, SETTINGS.layout(), prefix=key_prefix)
+    store.check_layout()  # empty, or written by this version: fine
+    ingest(store, impressions(("r1", "u1", 1_000, ["a"])), interactions())
+    store.check_layout()
+    shard = store.tag(3)
+    client.zadd(shard + "dl", {"old": 5})  # as the earlier version stored a request
+    client.set(shard + "r:old", "u9\x1eA\x1e1\x1ea")
+    with pytest.raises(LayoutMismatchError, match="one key per request"):
+        store.check_layout()
+    store.close()
+
+
 def test_redis_markers_live_for_the_configured_ttls(redis_url: str, key_prefix: str) -> None:
     from evaluator.stores.redis import MARKER_PERIOD_MS, RedisStore, connect
 

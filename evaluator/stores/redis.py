@@ -28,6 +28,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
+from evaluator.config import ConfigError
 from evaluator.events import ImpressionBatch, InteractionBatch
 from evaluator.finalise import Finalised, OpenRequest, UserContext
 from evaluator.propensity_estimation import (
@@ -61,8 +62,10 @@ MAX_LUA_VALUES = 7000
 """Redis' Lua unpacks at most ~8000 values at once; a block must stay below that."""
 
 
-class LayoutMismatchError(Exception):
-    """Stored state was written with another aggregate layout (k, windows, buckets ...)."""
+class LayoutMismatchError(ConfigError):
+    """Stored state was written with another aggregate layout (k, windows, buckets ...)
+    or state format: a configuration error naming ``redis.key_prefix`` (one line at
+    start-up)."""
 
 
 def _script(name: str) -> str:
@@ -196,6 +199,25 @@ class RedisStore:
             raise LayoutMismatchError(
                 f"Redis prefix {self.prefix!r} holds state with layout {stored}; "
                 "this configuration needs another redis.key_prefix"
+            )
+        self._refuse_per_request_keys()
+
+    def _refuse_per_request_keys(self) -> None:
+        """Open requests written by versions that kept one key per request (``r:``)
+        are invisible to this one: refuse to start rather than lose or recount them.
+        One open request per shard tells the formats apart."""
+        pipe = self.client.pipeline(transaction=False)
+        for shard in range(self.layout.shards):
+            pipe.zrange(self.tag(shard) + "dl", 0, 0)
+        oldest = [(shard, _text(r[0])) for shard, r in enumerate(pipe.execute()) if r]
+        pipe = self.client.pipeline(transaction=False)
+        for shard, rid in oldest:
+            pipe.exists(f"{self.tag(shard)}r:{rid}")
+        if any(pipe.execute()):
+            raise LayoutMismatchError(
+                f"Redis prefix {self.prefix!r} holds open requests stored one key per "
+                "request (an earlier version): let that version finalise them, or use "
+                "another redis.key_prefix"
             )
 
     def ingest(
