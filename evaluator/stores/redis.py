@@ -51,7 +51,9 @@ from evaluator.stores.redis_codec import (
 )
 from evaluator.windows import AggregateLayout, shard_of
 
-SCRIPTS = ("ingest", "load", "commit", "progress", "coverage")
+SCRIPTS = ("ingest", "load", "commit", "progress")
+PFADD_CHUNK = 10_000
+"""Items per PFADD command."""
 MARKER_PERIOD_MS = 6 * 3_600_000
 """Finalised markers are kept in one hash per period of the requests' deadlines (each
 expires ``finalised_ttl`` after its last write): an interaction naming a request that is
@@ -376,16 +378,22 @@ class RedisStore:
         return f"{{{self.prefix}:cov}}:{window}:{start}:{variant}:{k}"
 
     def _add_items(self, finalised: Finalised) -> None:
-        """Coverage sketches (HyperLogLog): the items of :func:`coverage_updates` and its
-        merges, in one script call (all sketches share the coverage hash tag)."""
+        """Coverage sketches (HyperLogLog): one pipelined PFADD per sketch, then the merges
+        of :func:`coverage_updates`. Plain commands: PFADD and PFMERGE are idempotent, so
+        a retry after a partial failure is harmless and no script is needed."""
         gathered, merges = coverage_updates(finalised, self.layout, self._cov_key)
         if not gathered:
             return
-        args: list[Any] = [self.block_ttl_s, len(gathered)]
-        for key, items in gathered.items():
-            args += [key, "\x1f".join(items)]
+        ttl = self.block_ttl_s
         pipe = self.client.pipeline(transaction=False)
-        self._call(pipe, "coverage", next(iter(gathered)), [*args, *merges])
+        for key, items in gathered.items():
+            members = list(items)
+            for i in range(0, len(members), PFADD_CHUNK):
+                pipe.execute_command("PFADD", key, *members[i : i + PFADD_CHUNK])
+            pipe.expire(key, ttl)
+        for i in range(0, len(merges), 2):
+            _same_slot(pipe, "PFMERGE", merges[i : i + 2])
+            pipe.expire(merges[i], ttl)
         self._execute(pipe)
 
     def distinct_items(
