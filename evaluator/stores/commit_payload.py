@@ -30,9 +30,8 @@ def block_increments(
     finalised: Finalised, rows: npt.NDArray[np.intp], layout: AggregateLayout
 ) -> tuple[list[tuple[str, str, str, int, int, int]], list[tuple[str, int, int, int]], bytes]:
     """The given requests' (id, user, variant, named interactions loaded, time, deadline),
-    the blocks they
-    add to (name, bucket start, ttl s, window ms), and the per-block sums of their rows
-    as little-endian doubles, one block after another."""
+    the blocks they add to (name, bucket start, ttl s, window ms), and the per-block sums
+    of their rows as little-endian doubles, one block after another."""
     requests = [finalised.requests[i] for i in rows]
     # with each request, how many named interactions finalisation saw (the rest
     # arrived after it was loaded: late)

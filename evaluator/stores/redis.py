@@ -58,6 +58,10 @@ MARKER_PERIOD_MS = 6 * 3_600_000
 """Finalised markers are kept in one hash per period of the requests' deadlines (each
 expires ``finalised_ttl`` after its last write): an interaction naming a request that is
 not open looks in each period kept."""
+PENDING_EPOCH_MS = 2 * DAY_MS
+"""Interactions naming a request wait in one hash per epoch of their own event time;
+finalisation reads the request's epoch and the two beside it. A constant, not a
+setting: changing it would strand the interactions already waiting."""
 MAX_LUA_VALUES = 7000
 """Redis' Lua unpacks at most ~8000 values at once; a block must stay below that."""
 
@@ -146,13 +150,11 @@ class RedisStore:
         self.finalised_ttl_s = finalised_ttl_s
         self.propensity_history_ms = propensity_history_ms
         self.history_ttl_s = history_ttl_s
+        """Also the length of the cold-start history epochs (``h:<epoch>``)."""
         self.join = (join_window_ms, clock_skew_ms)
         """The join rules' attribution window and clock skew: loading then returns only
         the request-less interactions that could join the loaded requests, and the open
         requests that could compete for them (-1: all of them)."""
-        self.pending_epoch_ms = state_ttl_s * 1000
-        """Interactions naming a request wait in hashes per epoch of their event time;
-        finalisation reads the request's epoch and the two beside it."""
         self.block_ttl_s = (max(layout.windows_ms) * 2) // 1000 + 3600
         """Longest block lifetime; each window's blocks live 2 x window + 1 h."""
         self._sources = {name: _script(name) for name in SCRIPTS}
@@ -278,7 +280,7 @@ class RedisStore:
                     self.history_ttl_s,
                     loose_late_before_ms,
                     self.finalised_ttl_s,
-                    self.pending_epoch_ms,
+                    PENDING_EPOCH_MS,
                     MARKER_PERIOD_MS,
                 ],
             )
@@ -318,7 +320,7 @@ class RedisStore:
                 pipe,
                 "load",
                 self.tag(shard) + "dl",
-                [self.tag(shard), self.history_ttl_s, self.pending_epoch_ms, *self.join, *rids],
+                [self.tag(shard), self.history_ttl_s, PENDING_EPOCH_MS, *self.join, *rids],
             )
         requests: list[OpenRequest] = []
         contexts: list[tuple[bytes, bytes, Any]] = []
@@ -356,7 +358,7 @@ class RedisStore:
                         prune,
                         increments,
                         self.propensity_history_ms,
-                        self.pending_epoch_ms,
+                        PENDING_EPOCH_MS,
                         MARKER_PERIOD_MS,
                     ],
                 )

@@ -36,10 +36,8 @@ if #taken > 0 then return {0, taken, 0} end
 -- the interactions naming each request (from the epochs either side of its time)
 local times = {}
 for i, r in ipairs(data[1]) do times[i] = r[5] end
-local epoch_list = epochs_around(times, pending_ms, 1, 1)
 local applied = {}
-for _, e in ipairs(epoch_list) do
-  local key = p .. 'n:' .. e
+for _, key in ipairs(epochs_around(times, pending_ms, 1, 1, p .. 'n:')) do
   local got = read('HMGET', key, rids)
   local present = {}
   for j = 1, #rids do

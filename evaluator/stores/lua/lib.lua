@@ -16,6 +16,17 @@ local function read(command, key, names)
   end
   return out
 end
+-- the fields `names` of several hashes, each name's values joined by RS (false if none)
+local function gather(keys, names)
+  local out = {}
+  for _, key in ipairs(keys) do
+    local got = read('HMGET', key, names)
+    for j = 1, #names do
+      if got[j] then out[j] = out[j] and (out[j] .. '\30' .. got[j]) or got[j] end
+    end
+  end
+  return out
+end
 -- read the fields `names` of hash `key`, pass each old value (or false) with its
 -- position to `merge`, and write back the non-nil results in one HSET (then EXPIRE)
 local function update(key, names, merge, seconds)
@@ -33,14 +44,15 @@ local function update(key, names, merge, seconds)
   end
 end
 -- the distinct epochs (time // length) from `before` below to `after` above each time
-local function epochs_around(times, length, before, after)
+-- (as keys: `prefix` .. epoch)
+local function epochs_around(times, length, before, after, prefix)
   local seen, list = {}, {}
   for _, t in ipairs(times) do
     local e = math.floor(t / length)
     for x = e - before, e + after do
       if not seen[x] then
         seen[x] = true
-        list[#list + 1] = x
+        list[#list + 1] = prefix .. x
       end
     end
   end

@@ -55,25 +55,11 @@ for i, rid in ipairs(asked) do
 end
 chunked('ZREM', KEYS[1], gone)
 if #rids == 0 then return {{}, {}} end
-local epoch_list = epochs_around(times, pending_ms, 1, 1)
-local hepoch_list = epochs_around(times, history_ms, 1, 0)
-local pending = {}
-for _, e in ipairs(epoch_list) do
-  local got = read('HMGET', p .. 'n:' .. e, rids)
-  for j = 1, #rids do
-    if got[j] then pending[j] = pending[j] and (pending[j] .. '\30' .. got[j]) or got[j] end
-  end
-end
+local pending = gather(epochs_around(times, pending_ms, 1, 1, p .. 'n:'), rids)
 local requests = {}
 for j, rid in ipairs(rids) do requests[j] = {rid, records[j], pending[j] or ''} end
 -- per user: the stored history strings of the epochs (RS-joined), returned as they are
-local hist = {}
-for _, e in ipairs(hepoch_list) do
-  local got = read('HMGET', p .. 'h:' .. e, order)
-  for j = 1, #order do
-    if got[j] then hist[j] = hist[j] and (hist[j] .. '\30' .. got[j]) or got[j] end
-  end
-end
+local hist = gather(epochs_around(times, history_ms, 1, 0, p .. 'h:'), order)
 local has_loose = read('ZMSCORE', p .. 'lu', order)
 local users = {}
 for j, uid in ipairs(order) do
