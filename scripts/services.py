@@ -120,47 +120,84 @@ def fetch_kafka() -> None:
     (LIBS / ".complete").touch()
 
 
-def wait_for(predicate, what: str, timeout: float, proc: subprocess.Popen | None = None) -> None:
+class StartError(Exception):
+    """A service did not start; the message names it and ends with its log."""
+
+
+def log_tail(path: Path | None, lines: int = 5) -> str:
+    """The last lines of a service's log, so a failed start says why in its one line."""
+    if path is None or not path.exists():
+        return ""
+    tail = path.read_text(errors="replace").strip().splitlines()[-lines:]
+    return " | ".join(line.strip() for line in tail)
+
+
+def wait_for(
+    predicate,
+    what: str,
+    timeout: float,
+    proc: subprocess.Popen | None = None,
+    log: Path | None = None,
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
         if proc is not None and proc.poll() is not None:
-            fail(f"{what} exited with code {proc.returncode}; see {STATE}")
+            raise StartError(f"{what} exited with code {proc.returncode}: {log_tail(log)}")
         time.sleep(0.2)
-    fail(f"{what} did not become ready within {timeout:.0f}s; see {STATE}")
+    if proc is not None:
+        proc.kill()
+    raise StartError(f"{what} did not become ready within {timeout:.0f}s: {log_tail(log)}")
 
 
-def start_redis(data: Path, cluster: bool = False) -> tuple[int, int]:
+def start_redis(data: Path, cluster: bool = False, attempts: int = 3) -> tuple[int, int]:
+    """`launch_redis`, again on fresh ports if another process took a port first."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return launch_redis(data / f"try-{attempt}", cluster)
+        except StartError as error:
+            if attempt == attempts:
+                raise
+            print(f"services: {error}; trying other ports", file=sys.stderr)
+    raise AssertionError("unreachable")
+
+
+def launch_redis(data: Path, cluster: bool) -> tuple[int, int]:
     """A redis-server on a free loopback port; ``cluster``: a one-node Redis Cluster
-    that serves every slot (what the store's Cluster mode is tested against)."""
+    that serves every slot (what the store's Cluster mode is tested against).
+
+    The server runs in the foreground of its own session, so that a start that fails
+    is seen at once with its log. A cluster node's bus gets its own free port: by
+    default it is the client port + 10000, which does not exist for ports above
+    55535, and ephemeral ports go up to 60999."""
     port = free_port()
     data.mkdir(parents=True)
-    extra = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"] if cluster else []
-    subprocess.run(
-        [
-            "redis-server",
-            *extra,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--daemonize",
-            "yes",
-            "--dir",
-            str(data),
-            "--pidfile",
-            str(data / "redis.pid"),
-            "--logfile",
-            str(data / "redis.log"),
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "everysec",
-            "--save",
-            "",
-        ],
-        check=True,
+    extra = []
+    if cluster:
+        extra = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
+        extra += ["--cluster-port", str(free_port())]
+    log = data / "redis.log"
+    args = [
+        "redis-server",
+        *extra,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--dir",
+        str(data),
+        "--logfile",
+        str(log),
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "everysec",
+        "--save",
+        "",
+    ]
+    proc = subprocess.Popen(
+        args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
 
     def ready() -> bool:
@@ -169,7 +206,8 @@ def start_redis(data: Path, cluster: bool = False) -> tuple[int, int]:
         )
         return out.stdout.strip() == "PONG"
 
-    wait_for(ready, "redis-server", 20)
+    label = "redis-server (cluster)" if cluster else "redis-server"
+    wait_for(ready, label, 60, proc, log)
     if cluster:
         cli = ["redis-cli", "-p", str(port)]
         subprocess.run(
@@ -182,8 +220,8 @@ def start_redis(data: Path, cluster: bool = False) -> tuple[int, int]:
             )
             return "cluster_state:ok" in out.stdout
 
-        wait_for(serving, "redis-server (cluster)", 20)
-    return port, int((data / "redis.pid").read_text().strip())
+        wait_for(serving, label, 60, proc, log)
+    return port, proc.pid
 
 
 def start_kafka(data: Path) -> tuple[int, int]:
@@ -247,7 +285,7 @@ group.initial.rebalance.delay.ms=0
     def ready() -> bool:
         return log.exists() and "Kafka Server started" in log.read_text(errors="replace")
 
-    wait_for(ready, "kafka broker", 120, proc)
+    wait_for(ready, "kafka broker", 120, proc, log)
     return port, proc.pid
 
 
@@ -303,7 +341,10 @@ def main() -> None:
     command = sys.argv[1] if len(sys.argv) > 1 else "start"
     STATE.mkdir(parents=True, exist_ok=True)
     if command == "start":
-        start()
+        try:
+            start()
+        except StartError as error:
+            fail(f"{error} (see {STATE})")
     elif command == "stop":
         stop()
     elif command == "env":
