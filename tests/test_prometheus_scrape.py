@@ -95,13 +95,22 @@ def test_dashboard_and_alert_expressions_against_a_real_scrape(
 
         def scraped() -> bool:
             try:
-                result = query(base, 'count(recsys_eval_ab_ndcg_diff{window="24h"})')
-                rate = query(base, "sum(rate(recsys_eval_events_consumed_total[1m]))")
+                wanted = [
+                    query(base, 'count(recsys_eval_ab_ndcg_diff{window="24h"})'),
+                    query(base, "sum(rate(recsys_eval_events_consumed_total[1m]))"),
+                    # estimates are refreshed at most every 10 s, apart from the windows
+                    query(base, "count(recsys_eval_propensity_eta)"),
+                ]
             except OSError:
                 return False
-            return bool(result["data"]["result"]) and bool(rate["data"]["result"])
+            return all(found["data"]["result"] for found in wanted)
 
-        wait_until(scraped, 90, "Prometheus has scraped window and A/B metrics", [evaluator, prom])
+        wait_until(
+            scraped,
+            90,
+            "Prometheus has scraped window, A/B and propensity metrics",
+            [evaluator, prom],
+        )
         dashboard = json.loads(DASHBOARD.read_text())
         for panel in dashboard["panels"]:
             for target in panel["targets"]:

@@ -160,7 +160,8 @@ class WindowCollector(Collector):
         now = time.monotonic()
         hit = self._sketches.get(key)
         max_age = min(self.sketch_refresh_s, 10.0) if key[1] == "propensity" else None
-        if hit is not None and now - hit[0] < (max_age or self.sketch_refresh_s):
+        fresh = hit is not None and now - hit[0] < (max_age or self.sketch_refresh_s)
+        if hit is not None and fresh and hit[1]:  # nothing yet (e.g. at start): ask again
             return hit[1]
         value = compute()
         self._sketches[key] = (now, value)
