@@ -10,10 +10,9 @@ simulator with the embedded store. The caller commits source offsets only after
 from __future__ import annotations
 
 import bisect
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -146,8 +145,6 @@ class Pipeline:
         """Due requests finalised per round (across shards): larger rounds amortise the
         per-script cost of the window blocks (2,000 -> 20,000: +19% events/s)."""
         self.stats = PipelineStats()
-        self._stats_lock = threading.Lock()
-        """Ingestion and finalisation may run on two threads; both update ``stats``."""
         rules = self.config.rules
         self.horizon_ms = (
             rules.attribution_window_ms
@@ -223,27 +220,19 @@ class Pipeline:
     def apply(self, prepared: Prepared) -> list[Rejected]:
         """Store a prepared batch, advance partition progress and finalise what became
         due; idempotent, so a failed batch can be applied again."""
-        rejected = self.ingest(prepared)
-        self.finalise_due()
-        return rejected
-
-    def ingest(self, prepared: Prepared) -> list[Rejected]:
-        """Store a prepared batch and advance partition progress (idempotent). Once it
-        returns the batch is durable and its offsets may be committed; finalisation
-        (:meth:`finalise_due`) reads only the store, so it may run on another thread."""
         started = time.perf_counter()
         watermark = self.watermark()
         late_before = (watermark - self.horizon_ms) if watermark is not None else -(2**62)
         counts = self.store.apply_ingest(prepared.payload, late_before)
+        self.stats.duplicates += counts.duplicates
+        self.stats.late += counts.late
         now = self.clock_ms()
         if prepared.latest:
             self.store.record_progress(
                 {p: PartitionProgress(t, now) for p, t in prepared.latest.items()}
             )
-        with self._stats_lock:
-            self.stats.duplicates += counts.duplicates
-            self.stats.late += counts.late
-            self.stats.latency.observe(time.perf_counter() - started + prepared.seconds)
+        self.finalise_due()
+        self.stats.latency.observe(time.perf_counter() - started + prepared.seconds)
         return prepared.rejected
 
     def finalise_due(self) -> int:
@@ -260,22 +249,10 @@ class Pipeline:
             for config, group in self._configs(requests):
                 done = finalise(group, users, config)
                 applied = self.store.commit(done, watermark - self.horizon_ms)
-                self.count_finalised(applied, done.late, done.outcomes)
+                self.stats.finalised += applied
+                self.stats.late += done.late
+                self.stats.outcomes.update(done.outcomes)
                 total += applied
-
-    def count_finalised(
-        self, finalised: int, late: int, outcomes: Mapping[str, int], store_errors: int = 0
-    ) -> None:
-        """Add what finalisation did (here, or in a finalisation process) to ``stats``."""
-        with self._stats_lock:
-            self.stats.finalised += finalised
-            self.stats.late += late
-            self.stats.outcomes.update(outcomes)
-            self.stats.store_errors += store_errors
-
-    def count_store_error(self) -> None:
-        with self._stats_lock:
-            self.stats.store_errors += 1
 
     def _configs(
         self, requests: list[OpenRequest]

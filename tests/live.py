@@ -160,25 +160,3 @@ def running_demo(requests_per_s: float) -> Iterator[str]:
     finally:
         stop_demo.set()
         worker.join(timeout=30)
-
-
-def children(pid: int) -> list[int]:
-    """Processes whose parent is ``pid`` (from /proc)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # exited while listing
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
-
-
-def gone(pid: int) -> bool:
-    """The process has exited (a zombie waiting to be reaped counts as exited)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return True
-    return state in ("Z", "X")

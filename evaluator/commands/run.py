@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from evaluator.commands.finaliser import Finaliser, FinaliserProcess, FinaliserThread
 from evaluator.commands.serving import serve_metrics
 from evaluator.config import Settings
 from evaluator.pipeline import PartitionBatch, Pipeline, Prepared, Rejected
@@ -55,11 +54,6 @@ def build_store(settings: Settings) -> RedisStore:
     return store
 
 
-def build_pipeline(settings: Settings) -> Pipeline:
-    """A pipeline on its own Redis connection (what the finalisation process runs)."""
-    return Pipeline(build_store(settings), settings)
-
-
 def _apply_with_retry(
     pipeline: Pipeline, prepared: Prepared, backlogged: list[str], stop: threading.Event
 ) -> list[Rejected] | None:
@@ -70,11 +64,11 @@ def _apply_with_retry(
     delay = 0.5
     while True:
         try:
-            rejected = pipeline.ingest(prepared)
+            rejected = pipeline.apply(prepared)
             pipeline.touch(backlogged)
             return rejected
         except Exception as exc:  # any failure: retry the batch, never commit
-            pipeline.count_store_error()
+            pipeline.stats.store_errors += 1
             log.error("batch failed, retrying in %.1fs without committing offsets: %s", delay, exc)
             if stop.wait(delay):
                 return None
@@ -94,19 +88,16 @@ class _Applier:
     The Redis round trips of batch N run there while the consumer thread polls,
     decodes and encodes batch N+1 (the waiting releases the GIL). Finished batches
     come back through :meth:`finished`; the consumer thread dead-letters and commits
-    them, because kafka-python's consumer must stay on one thread. Due requests are
-    finalised beside it (see :mod:`evaluator.commands.finaliser`).
+    them, because kafka-python's consumer must stay on one thread.
     """
 
-    def __init__(
-        self, pipeline: Pipeline, stop: threading.Event, finaliser: Finaliser, depth: int = 1
-    ) -> None:
+    def __init__(self, pipeline: Pipeline, stop: threading.Event, depth: int = 1) -> None:
         self.pipeline, self.stop = pipeline, stop
         self.todo: queue.Queue[tuple[list[PartitionBatch], Prepared, list[str]] | None] = (
             queue.Queue(maxsize=depth)
         )
         self.done: queue.Queue[_Applied] = queue.Queue()
-        self.finaliser = finaliser
+        self.idle = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="apply", daemon=True)
         self.thread.start()
 
@@ -116,15 +107,26 @@ class _Applier:
 
     def _loop(self) -> None:
         while True:
-            item = self.todo.get()
+            try:
+                item = self.todo.get(timeout=0.2)
+            except queue.Empty:
+                self._finalise_idle()
+                continue
             if item is None:
                 return
             batches, prepared, busy = item
-            self.finaliser.wait_turn(self.stop)
-            rejected = _apply_with_retry(self.pipeline, prepared, busy, self.stop)
-            if rejected is not None:
-                self.finaliser.ingested()
-            self.done.put(_Applied(batches, rejected))
+            self.done.put(
+                _Applied(batches, _apply_with_retry(self.pipeline, prepared, busy, self.stop))
+            )
+
+    def _finalise_idle(self) -> None:
+        """Nothing to apply: finalise what the watermark has passed (retried when idle)."""
+        try:
+            self.pipeline.finalise_due()
+        except Exception as exc:
+            self.pipeline.stats.store_errors += 1
+            log.error("finalisation failed, will retry: %s", exc)
+            self.stop.wait(0.5)
 
     def finished(self) -> list[_Applied]:
         out = []
@@ -135,11 +137,9 @@ class _Applier:
                 return out
 
     def close(self) -> list[_Applied]:
-        """Apply what is queued (once each), finalise what it made due, stop the threads,
-        return the last results."""
+        """Apply what is queued (once each), stop the thread, return the last results."""
         self.todo.put(None)
         self.thread.join()
-        self.finaliser.close()
         return self.finished()
 
 
@@ -153,7 +153,7 @@ def _commit(source: KafkaSource, pipeline: Pipeline, applied: list[_Applied]) ->
             pipeline.stats.dead_lettered += len(done.rejected) if source.settings.dlq_suffix else 0
             source.commit(done.batches)
         except Exception as exc:  # redelivered later; applying it again is harmless
-            pipeline.count_store_error()
+            pipeline.stats.store_errors += 1
             log.error("dead-lettering or committing failed; the batch will be redelivered: %s", exc)
 
 
@@ -197,7 +197,6 @@ def run(
     ``store`` defaults to Redis; the demo passes the embedded store and the
     simulator's ground truth for the dashboard."""
     stop = stop or threading.Event()
-    own_store = store is None
     store = store or build_store(settings)
     pipeline = Pipeline(store, settings)
     health = _Health(store)
@@ -224,12 +223,7 @@ def run(
         settings.redis.key_prefix,
     )
     next_lag = 0.0
-    finaliser: Finaliser = (
-        FinaliserProcess(pipeline, build_pipeline)  # Redis: off this process's GIL
-        if own_store
-        else FinaliserThread(pipeline, stop)  # a store in this process's memory
-    )
-    applier = _Applier(pipeline, stop, finaliser)
+    applier = _Applier(pipeline, stop)
     try:
         while not stop.is_set():
             health.beat = time.monotonic()

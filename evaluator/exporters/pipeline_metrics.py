@@ -72,7 +72,7 @@ class PipelineCollector(Collector):
             yield CounterMetricFamily(name, text, value=value)
         latency = HistogramMetricFamily(
             "recsys_eval_batch_processing_seconds",
-            "Time to decode and store one polled batch (finalisation runs beside it).",
+            "Time to decode, store and finalise one polled batch.",
             buckets=s.latency.cumulative(),
             sum_value=s.latency.total,
         )
