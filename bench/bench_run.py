@@ -8,7 +8,10 @@ Each repeat produces the same events to fresh topics (4 partitions each), then
    (no decoding): the ceiling;
 2. starts `python -m evaluator run` and times it from its first committed offset
    until every offset is committed (state durable in Redis) and every request
-   the watermark has passed is finalised (finalisation runs on its own thread).
+   the watermark has passed is finalised (the worker thread finalises after
+   storing each batch). A design that lets finalisation lag behind ingestion
+   must be measured over many more batches than the lag (e.g. --requests 300000),
+   or the run ends before the lag costs anything (BENCHMARKS.md, session 5).
 It also reports the CPU time per event of the plain consumer, the evaluator
 process and Redis over the same intervals: unlike rates, CPU time barely moves
 when the shared machine's neighbours steal time. And Redis memory per open

@@ -73,9 +73,7 @@ for j, r in ipairs(data[1]) do
 end
 local periods = p .. 'fdays'
 for period, flat in pairs(markers) do
-  local key = p .. 'fin:' .. period
-  chunked('HSET', key, flat)
-  redis.call('EXPIRE', key, ftl)
+  hset_expire(p .. 'fin:' .. period, flat, ftl)
   redis.call('ZADD', periods, period, period)
 end
 -- periods whose markers have all expired are forgotten

@@ -31,15 +31,7 @@ end
 -- writes fields of several hashes: changes[key] = {field -> value}, one HSET per key
 local function write_fields(changes, seconds)
   for key, fields in pairs(changes) do
-    local flat = {}
-    for field, value in pairs(fields) do
-      flat[#flat + 1] = field
-      flat[#flat + 1] = value
-    end
-    if #flat > 0 then
-      chunked('HSET', key, flat)
-      redis.call('EXPIRE', key, seconds)
-    end
+    hset_expire(key, flatten(fields), seconds)
   end
 end
 local periods = redis.call('ZRANGE', p .. 'fdays', 0, -1)
@@ -256,11 +248,7 @@ for epoch, users in pairs(history) do
 end
 -- users with request-less interactions (lu: user -> latest such time), so finalisation
 -- reads and prunes ul: only for them
-local lu = {}
-for uid, ts in pairs(loose_users) do
-  lu[#lu + 1] = ts
-  lu[#lu + 1] = uid
-end
+local lu = flatten(loose_users, true)  -- score (time), member (user)
 if #lu > 0 then
   for i = 1, #lu, CHUNK do  -- (chunked() cannot pass the GT flag)
     redis.call('ZADD', p .. 'lu', 'GT', unpack(lu, i, math.min(i + CHUNK - 1, #lu)))

@@ -7,6 +7,23 @@ local function chunked(command, key, list)
     redis.call(command, key, unpack(list, i, math.min(i + CHUNK - 1, #list)))
   end
 end
+-- HSET of a flat field/value list (if not empty), then EXPIRE
+local function hset_expire(key, flat, seconds)
+  if #flat > 0 then
+    chunked('HSET', key, flat)
+    redis.call('EXPIRE', key, seconds)
+  end
+end
+-- a map as a flat list: key, value, ... (value, key, ... if `value_first`)
+local function flatten(map, value_first)
+  local flat = {}
+  for k, v in pairs(map) do
+    if value_first then k, v = v, k end
+    flat[#flat + 1] = k
+    flat[#flat + 1] = v
+  end
+  return flat
+end
 -- one multi-field read of `names`: a table parallel to them (false where absent)
 local function read(command, key, names)
   local out = {}
@@ -38,10 +55,7 @@ local function update(key, names, merge, seconds)
       out[#out + 1] = value
     end
   end
-  if #out > 0 then
-    chunked('HSET', key, out)
-    redis.call('EXPIRE', key, seconds)
-  end
+  hset_expire(key, out, seconds)
 end
 -- the distinct epochs (time // length) from `before` below to `after` above each time
 -- (as keys: `prefix` .. epoch)
