@@ -62,14 +62,19 @@ def coverage_updates(
 ) -> tuple[dict[str, set[str]], list[str]]:
     """Items to add per sketch, and flat (destination, source) pairs to merge after.
 
-    Only windows without a :meth:`AggregateLayout.sketch_source` get items (the
-    top K of each list, per variant and bucket); the others merge the touched
-    sketches of their source window. The longest window also keeps a catalogue
+    Only windows without a :meth:`AggregateLayout.sketch_source` get items, per
+    variant and bucket; the others merge the touched sketches of their source
+    window. Cut-offs nest: the top-K sketch gets the ranks after the next smaller
+    K, then merges that K's sketch (the top 20 hold the top 10), so each shown
+    item is added once, not once per K. The longest window also keeps a catalogue
     sketch of every shown item, merged from its top max(K) sketches plus the items
-    beyond max(K), so short lists cost no extra item adds."""
+    beyond max(K), so short lists cost no extra item adds. Merges are listed in
+    the order they must run."""
     lists = [r.items for r in finalised.requests]
     variants = [r.variant for r in finalised.requests]
-    tops = {k: [items[:k] for items in lists] for k in layout.ks}  # sliced once
+    ks = sorted(layout.ks)
+    # ranks (smaller K, K] of each list, sliced once
+    slices = {k: [items[lo:k] for items in lists] for lo, k in zip([0, *ks], ks, strict=False)}
     gathered: dict[str, set[str]] = {}
     merges: list[str] = []
     for window in layout.windows_ms:
@@ -78,9 +83,15 @@ def coverage_updates(
         fed = [w for w in layout.windows_ms if layout.sketch_source(w) == window]
         starts = layout.bucket_start(window, finalised.deadline_ms).tolist()
         for (start, variant), rows in _rows_by(starts, variants).items():
-            for k, top in tops.items():
+            smaller = ""
+            for k, ranks in slices.items():
                 source = key(window, start, variant, k)
-                gathered[source] = set(chain.from_iterable(map(top.__getitem__, rows)))
+                added = set(chain.from_iterable(map(ranks.__getitem__, rows)))
+                if added:
+                    gathered[source] = added
+                if smaller:
+                    merges += [source, smaller]
+                smaller = source
                 for longer in fed:
                     merges += [
                         key(longer, _longer_start(layout, longer, start), variant, k),

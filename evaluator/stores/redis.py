@@ -54,6 +54,14 @@ from evaluator.windows import AggregateLayout, shard_of
 SCRIPTS = ("ingest", "load", "commit", "progress")
 PFADD_CHUNK = 10_000
 """Items per PFADD command."""
+EMPTY_DENSE_HLL = b"HYLL" + bytes(4) + bytes(8) + bytes(12_288)
+"""An empty HyperLogLog in Redis' dense encoding: magic, encoding 0 (dense), 3 unused
+bytes, a valid cached cardinality of 0, and 16,384 six-bit registers at zero."""
+DENSE_FROM = 1_000
+"""A sketch getting at least this many items in one commit is created dense. Redis
+starts every sketch sparse and converts it past ~3,000 bytes, and adding to the sparse
+encoding costs about 5x more per item (measured: 1.05 against 0.21 µs); a sketch this
+large would be converted soon anyway, so nothing is spent on small ones."""
 MARKER_PERIOD_MS = 6 * 3_600_000
 """Finalised markers are kept in one hash per period of the requests' deadlines (each
 expires ``finalised_ttl`` after its last write): an interaction naming a request that is
@@ -381,15 +389,18 @@ class RedisStore:
 
     def _add_items(self, finalised: Finalised) -> None:
         """Coverage sketches (HyperLogLog): one pipelined PFADD per sketch, then the merges
-        of :func:`coverage_updates`. Plain commands: PFADD and PFMERGE are idempotent, so
-        a retry after a partial failure is harmless and no script is needed."""
+        of :func:`coverage_updates`. Plain commands: PFADD and PFMERGE are idempotent (and
+        so is creating a large sketch dense, SET NX), so a retry after a partial failure
+        is harmless and no script is needed."""
         gathered, merges = coverage_updates(finalised, self.layout, self._cov_key)
-        if not gathered:
+        if not gathered and not merges:
             return
         ttl = self.block_ttl_s
         pipe = self.client.pipeline(transaction=False)
         for key, items in gathered.items():
             members = list(items)
+            if len(members) >= DENSE_FROM:
+                pipe.set(key, EMPTY_DENSE_HLL, nx=True, ex=ttl)
             for i in range(0, len(members), PFADD_CHUNK):
                 pipe.execute_command("PFADD", key, *members[i : i + PFADD_CHUNK])
             pipe.expire(key, ttl)
