@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 
 import numpy as np
 import pytest
@@ -218,6 +219,28 @@ def test_history_keeps_the_earliest_relevant_interactions(make_store) -> None:
     ingest(store, impressions(("r1", "u1", 9_000, ["a"])), interactions())
     _, users = store.load(store.due(CONFIG.deadline(9_000), 10))
     assert users["u1"].history_ms == [1_000, 2_000, 3_000, 4_000, 5_000, 6_000, 7_000][:cap]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_history_from_single_interaction_batches(make_store, seed) -> None:
+    """One interaction per batch, mostly in event-time order with ties and redeliveries
+    (the path appending to a stored history without re-sorting it), keeps the same
+    earliest ones as sorting everything would."""
+    rng = random.Random(seed)
+    store = make_store(SETTINGS.layout())
+    cap = SETTINGS.cold_start.min_relevant_history
+    sent: dict[str, int] = {}
+    for n in range(12):
+        if sent and rng.random() < 0.25:
+            eid = rng.choice(list(sent))  # redelivered
+        else:
+            eid = f"h{n}"
+            sent[eid] = rng.choice([1_000 + 100 * n, 1_000 + 100 * n, 800 + 100 * n])
+        row = (eid, "u1", "a", None, sent[eid], "click")
+        ingest(store, impressions(), interactions(row))
+    ingest(store, impressions(("r1", "u1", 9_000, ["a"])), interactions())
+    _, users = store.load(store.due(CONFIG.deadline(9_000), 10))
+    assert users["u1"].history_ms == sorted(sent.values())[:cap]
 
 
 def test_interactions_before_their_impression_wait_for_it(make_store) -> None:

@@ -206,9 +206,32 @@ end
 -- entries eid US ts, RS-joined, sorted by (ts, eid) like a sorted set trimmed by rank
 -- returns the new value, or nil when nothing changes (the common case once a user has
 -- `cap` earlier interactions)
+-- the id of the entry whose unit separator is at `us` (the last entry)
+local function last_id(list, us)
+  local rs = string.find(list, '\30[^\30]*$')
+  return string.sub(list, rs and rs + 1 or 1, us - 1)
+end
 local function merge_history(old, new)
-  if not old and #new == 1 then
-    return new[1][2] .. '\31' .. string.format('%d', new[1][1])
+  if #new == 1 then
+    local e = new[1]
+    local entry = e[2] .. '\31' .. string.format('%d', e[1])
+    if not old then return entry end
+    -- the common case: one interaction after every stored one (in event-time order)
+    -- is appended, or dropped when the list is full; no parsing or sorting
+    -- (anchored patterns that start with a separator: an unanchored capture of the
+    -- last entry's id backtracks at every position and cost 9x more)
+    local us, _, ts = string.find(old, '\31(%d+)$')
+    ts = tonumber(ts)
+    if ts and (e[1] > ts or (e[1] == ts and e[2] > last_id(old, us)))
+        and not string.find('\30' .. old, '\30' .. e[2] .. '\31', 1, true) then
+      local stored, at = 1, 0
+      repeat
+        at = string.find(old, '\30', at + 1, true)
+        if at then stored = stored + 1 end
+      until not at or stored >= cap
+      if stored >= cap then return nil end
+      return old .. '\30' .. entry
+    end
   end
   local entries, known = {}, {}
   if old then
