@@ -36,32 +36,14 @@ from evaluator.propensity_estimation import (
     first_kept_day,
 )
 from evaluator.stores.base import DueRequest, FloatArray, IngestCounts, PartitionProgress
-from evaluator.stores.block_cache import NO_LOWER_BOUND, BlockCache
-from evaluator.stores.commit_payload import (
-    block_increments,
-    coverage_updates,
-    propensity_increments,
-)
-from evaluator.stores.redis_codec import (
-    decode_context,
-    decode_request,
-    encode_request,
-    loose_member,
-    pending_record,
-)
-from evaluator.windows import AggregateLayout, shard_of
+from evaluator.stores.block_cache import BlockCache
+from evaluator.stores.commit_payload import block_increments, propensity_increments
+from evaluator.stores.redis_blocks import read_blocks
+from evaluator.stores.redis_codec import decode_context, decode_request, ingest_payloads, text
+from evaluator.stores.redis_sketches import CoverageSketches
+from evaluator.windows import AggregateLayout
 
 SCRIPTS = ("ingest", "load", "commit", "progress")
-PFADD_CHUNK = 10_000
-"""Items per PFADD command."""
-EMPTY_DENSE_HLL = b"HYLL" + bytes(4) + bytes(8) + bytes(12_288)
-"""An empty HyperLogLog in Redis' dense encoding: magic, encoding 0 (dense), 3 unused
-bytes, a valid cached cardinality of 0, and 16,384 six-bit registers at zero."""
-DENSE_FROM = 1_000
-"""A sketch getting at least this many items in one commit is created dense. Redis
-starts every sketch sparse and converts it past ~3,000 bytes, and adding to the sparse
-encoding costs about 5x more per item (measured: 1.05 against 0.21 µs); a sketch this
-large would be converted soon anyway, so nothing is spent on small ones."""
 MARKER_PERIOD_MS = 6 * 3_600_000
 """Finalised markers are kept in one hash per period of the requests' deadlines (each
 expires ``finalised_ttl`` after its last write): an interaction naming a request that is
@@ -173,6 +155,7 @@ class RedisStore:
         self._load_scripts()
         self._meta = f"{{{prefix}:meta}}:"
         self._blocks = BlockCache(layout)
+        self._sketches = CoverageSketches(client, layout, prefix, self.block_ttl_s, self._execute)
 
     def tag(self, shard: int) -> str:
         return f"{{{self.prefix}:{shard}}}:"
@@ -204,7 +187,7 @@ class RedisStore:
         key = self._meta + "layout"
         fingerprint = self.layout.fingerprint()
         self.client.set(key, fingerprint, nx=True)
-        stored = _text(self.client.get(key))
+        stored = text(self.client.get(key))
         if stored and stored != fingerprint:
             raise LayoutMismatchError(
                 f"Redis prefix {self.prefix!r} holds state with layout {stored}; "
@@ -219,7 +202,7 @@ class RedisStore:
         pipe = self.client.pipeline(transaction=False)
         for shard in range(self.layout.shards):
             pipe.zrange(self.tag(shard) + "dl", 0, 0)
-        oldest = [(shard, _text(r[0])) for shard, r in enumerate(pipe.execute()) if r]
+        oldest = [(shard, text(r[0])) for shard, r in enumerate(pipe.execute()) if r]
         pipe = self.client.pipeline(transaction=False)
         for shard, rid in oldest:
             pipe.exists(f"{self.tag(shard)}r:{rid}")
@@ -247,30 +230,7 @@ class RedisStore:
         deadlines_ms: Sequence[int],
     ) -> object:
         """Per shard, the ingest script's msgpack argument."""
-        per_shard: dict[int, tuple[list[Any], list[Any]]] = defaultdict(lambda: ([], []))
-        imp_shards = shard_of([e.user_id for e in impressions.events], self.layout).tolist()
-        for event, ts, deadline, shard in zip(
-            impressions.events, impressions.timestamp_ms, deadlines_ms, imp_shards, strict=True
-        ):
-            value = encode_request(event, ts, self.attribute)
-            per_shard[shard][0].append((event.request_id, event.user_id, ts, deadline, value))
-        int_shards = shard_of([e.user_id for e in interactions.events], self.layout).tolist()
-        for it, ts, grade, shard in zip(
-            interactions.events,
-            interactions.timestamp_ms,
-            interactions.grade,
-            int_shards,
-            strict=True,
-        ):
-            stored = (
-                pending_record(it.event_id, it.item_id, ts, grade)
-                if it.request_id
-                else loose_member(it.event_id, it.item_id, grade)
-            )
-            per_shard[shard][1].append(
-                (it.event_id, it.user_id, it.request_id or "", ts, grade, stored)
-            )
-        return {shard: msgspec.msgpack.encode(pair) for shard, pair in per_shard.items()}
+        return ingest_payloads(impressions, interactions, deadlines_ms, self.layout, self.attribute)
 
     def apply_ingest(self, prepared: object, loose_late_before_ms: int) -> IngestCounts:
         packed = cast("dict[int, bytes]", prepared)
@@ -304,7 +264,7 @@ class RedisStore:
         for shard in range(self.layout.shards):
             pipe.zrangebyscore(self.tag(shard) + "dl", "-inf", watermark_ms, start=0, num=per_shard)
         found = [
-            DueRequest(shard, _text(rid))
+            DueRequest(shard, text(rid))
             for shard, rids in enumerate(pipe.execute())
             for rid in rids
         ]
@@ -334,7 +294,7 @@ class RedisStore:
         contexts: list[tuple[bytes, bytes, Any]] = []
         for found, users in self._execute(pipe):
             for rid, value, pending in found:
-                requests.append(decode_request(_text(rid), value, pending))
+                requests.append(decode_request(text(rid), value, pending))
             contexts += zip(users[0::3], users[1::3], users[2::3], strict=True)
         items = {r.request_id: r.items for r in requests}
         return requests, {
@@ -375,109 +335,33 @@ class RedisStore:
                 applied += int(count)
                 finalised.late += int(late)
                 if taken:
-                    gone = {_text(t) for t in taken}
+                    gone = {text(t) for t in taken}
                     rows = pending[shard]
                     keep = rows[[finalised.requests[i].request_id not in gone for i in rows]]
                     if keep.size:
                         retry[shard] = keep
             pending = retry
-        self._add_items(finalised)
+        self._sketches.add(finalised)
         return applied
-
-    def _cov_key(self, window: int, start: int, variant: str, k: int) -> str:
-        return f"{{{self.prefix}:cov}}:{window}:{start}:{variant}:{k}"
-
-    def _add_items(self, finalised: Finalised) -> None:
-        """Coverage sketches (HyperLogLog): one pipelined PFADD per sketch, then the merges
-        of :func:`coverage_updates`. Plain commands: PFADD and PFMERGE are idempotent (and
-        so is creating a large sketch dense, SET NX), so a retry after a partial failure
-        is harmless and no script is needed."""
-        gathered, merges = coverage_updates(finalised, self.layout, self._cov_key)
-        if not gathered and not merges:
-            return
-        ttl = self.block_ttl_s
-        pipe = self.client.pipeline(transaction=False)
-        for key, items in gathered.items():
-            members = list(items)
-            if len(members) >= DENSE_FROM:
-                pipe.set(key, EMPTY_DENSE_HLL, nx=True, ex=ttl)
-            for i in range(0, len(members), PFADD_CHUNK):
-                pipe.execute_command("PFADD", key, *members[i : i + PFADD_CHUNK])
-            pipe.expire(key, ttl)
-        for i in range(0, len(merges), 2):
-            _same_slot(pipe, "PFMERGE", merges[i : i + 2])
-            pipe.expire(merges[i], ttl)
-        self._execute(pipe)
 
     def distinct_items(
         self, window_ms: int, bucket_starts: Sequence[int], variants: Sequence[str]
     ) -> tuple[dict[tuple[str, int], float], float]:
-        pipe = self.client.pipeline(transaction=False)
-        wanted = [(v, k) for v in variants for k in self.layout.ks]
-        for variant, k in wanted:
-            _same_slot(
-                pipe, "PFCOUNT", [self._cov_key(window_ms, b, variant, k) for b in bucket_starts]
-            )
-        _same_slot(pipe, "PFCOUNT", self._catalog_keys(bucket_starts[-1] if bucket_starts else 0))
-        replies = [float(n) for n in pipe.execute()]
-        return dict(zip(wanted, replies[:-1], strict=True)), replies[-1]
+        return self._sketches.distinct_items(window_ms, bucket_starts, variants)
 
     def distinct_unions(
         self, window_ms: int, bucket_starts: Sequence[int], groups: Sequence[tuple[str, str, int]]
     ) -> list[float]:
-        if not bucket_starts:
-            return [0.0] * len(groups)
-        pipe = self.client.pipeline(transaction=False)
-        for a, b, k in groups:
-            keys = [self._cov_key(window_ms, s, v, k) for s in bucket_starts for v in (a, b)]
-            _same_slot(pipe, "PFCOUNT", keys)
-        return [float(n) for n in pipe.execute()]
-
-    def _catalog_keys(self, until_ms: int) -> list[str]:
-        """Sketches of every shown item over the longest window ending at ``until_ms``."""
-        window = max(self.layout.windows_ms)
-        width = self.layout.bucket_width(window)
-        last = until_ms - until_ms % width
-        first = last - window
-        return [self._cov_key(window, b, "*", 0) for b in range(first, last + 1, width)]
+        return self._sketches.distinct_unions(window_ms, bucket_starts, groups)
 
     def blocks(
         self, window_ms: int, since_ms: int | None = None, until_ms: int | None = None
     ) -> dict[tuple[int, str], FloatArray]:
-        """Blocks of a window in a range; unchanged blocks come from a local cache.
-
-        Every commit records the blocks it touched under a per-shard version
-        (``mod:<window>``). The first read (or one reaching further back) lists the
-        window's index; later reads fetch only blocks written since the previous
-        read. The result is always current, and reading is cheap once warm.
-        """
-        cache = self._blocks
-        lo = NO_LOWER_BOUND if since_ms is None else since_ms
-        hi = 2**62 if until_ms is None else until_ms
-        full = cache.needs_listing(window_ms, lo)
-        shards = range(self.layout.shards)
-        pipe = self.client.pipeline(transaction=False)
-        for shard in shards:
-            tag = self.tag(shard)
-            if full:
-                pipe.zrangebyscore(f"{tag}bi:{window_ms}", lo, "+inf")
-            seen = cache.version(window_ms, shard)
-            pipe.zrangebyscore(f"{tag}mod:{window_ms}", f"({seen}", "+inf", withscores=True)
-        replies = iter(pipe.execute())
-        wanted: list[tuple[int, list[str]]] = []
-        for shard in shards:
-            listed = [_text(n) for n in next(replies)] if full else None
-            changed = [(_text(n), int(v)) for n, v in next(replies)]
-            names = cache.refresh(window_ms, shard, lo, listed, changed)
-            if names:
-                wanted.append((shard, names))
-        cache.listed(window_ms, lo)
-        pipe = self.client.pipeline(transaction=False)
-        for shard, names in wanted:  # one MGET per shard: a single slot each
-            _same_slot(pipe, "MGET", [f"{self.tag(shard)}b:{name}" for name in names])
-        for (shard, names), raws in zip(wanted, pipe.execute(), strict=True):
-            cache.put(window_ms, shard, names, raws)
-        return cache.assemble(window_ms, lo, hi)
+        """Blocks of a window in a range; unchanged blocks come from a local cache
+        (:func:`evaluator.stores.redis_blocks.read_blocks`)."""
+        return read_blocks(
+            self.client, self._blocks, self.tag, window_ms, since_ms=since_ms, until_ms=until_ms
+        )
 
     def record_progress(self, progress: Mapping[str, PartitionProgress]) -> None:
         args: list[Any] = []
@@ -490,8 +374,8 @@ class RedisStore:
         raw = self.client.hgetall(self._meta + "progress")
         out: dict[str, PartitionProgress] = {}
         for key, value in raw.items():
-            max_ms, updated = _text(value).split(":")
-            out[_text(key)] = PartitionProgress(int(max_ms), int(updated))
+            max_ms, updated = text(value).split(":")
+            out[text(key)] = PartitionProgress(int(max_ms), int(updated))
         return out
 
     def counters(self) -> dict[str, int]:
@@ -509,7 +393,7 @@ class RedisStore:
         pipe = self.client.pipeline(transaction=False)
         for shard in shards:
             pipe.zrange(self.tag(shard) + "psd", 0, -1)
-        days = [[int(_text(d)) for d in found] for found in pipe.execute()]
+        days = [[int(text(d)) for d in found] for found in pipe.execute()]
         if not any(days):
             return {}
         oldest = first_kept_day(max(max(d) for d in days if d), self.propensity_history_ms)
@@ -520,7 +404,7 @@ class RedisStore:
                     pipe.hgetall(f"{self.tag(shard)}ps:{day}")
         total: Counter[str] = Counter()
         for reply in pipe.execute():
-            total.update({_text(k): int(v) for k, v in reply.items()})
+            total.update({text(k): int(v) for k, v in reply.items()})
         return dict(total)
 
     def propensity_curve(self, bucket_ms: int, proposal: tuple[float, ...]) -> tuple[float, ...]:
@@ -528,7 +412,7 @@ class RedisStore:
         pipe = self.client.pipeline(transaction=False)
         pipe.set(key, ",".join(map(repr, proposal)), nx=True, ex=self.block_ttl_s)
         pipe.get(key)
-        stored = _text(pipe.execute()[1])
+        stored = text(pipe.execute()[1])
         return tuple(float(v) for v in stored.split(",")) if stored else proposal
 
     def ping(self) -> bool:
@@ -536,16 +420,3 @@ class RedisStore:
 
     def close(self) -> None:
         self.client.close()
-
-
-def _same_slot(pipe: Any, command: str, keys: Sequence[str]) -> None:
-    """Queue a multi-key command whose keys share one hash tag. redis-py's Cluster
-    pipelines refuse the ``mget``/``pfcount`` helpers for several keys, but the raw
-    command is routed to the keys' slot like any other."""
-    pipe.execute_command(command, *keys)
-
-
-def _text(value: bytes | str | None) -> str:
-    if value is None:
-        return ""
-    return value.decode() if isinstance(value, bytes) else value

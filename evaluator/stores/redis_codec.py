@@ -1,4 +1,5 @@
-"""How open requests and pending interactions are stored as Redis strings (pure).
+"""How open requests and pending interactions are stored as Redis strings, and the
+ingest script's per-shard arguments (pure).
 
 A request record is its fields joined by U+001E; list values are joined by U+001F.
 Older records (without context and randomisation) still decode.
@@ -6,10 +7,15 @@ Older records (without context and randomisation) still decode.
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any, cast
 
-from evaluator.events import Impression, Randomization
+import msgspec
+
+from evaluator.events import Impression, ImpressionBatch, InteractionBatch, Randomization
 from evaluator.finalise import OpenRequest, PendingInteraction, UserContext
+from evaluator.windows import AggregateLayout, shard_of
 
 SEP = "\x1f"
 """Separates items, and the parts of a pending interaction."""
@@ -48,6 +54,36 @@ def loose_member(event_id: str, item_id: str, grade: float) -> str:
     """Member of a request-less interaction in the user's ``ul:`` set (event id first:
     the commit script reads it up to the first separator)."""
     return f"{event_id}{SEP}{item_id}{SEP}{grade!r}"
+
+
+def ingest_payloads(
+    impressions: ImpressionBatch,
+    interactions: InteractionBatch,
+    deadlines_ms: Sequence[int],
+    layout: AggregateLayout,
+    attribute: str,
+) -> dict[int, bytes]:
+    """Per shard (of each event's user), the ingest script's msgpack argument:
+    ``[impressions, interactions]`` as the script documents them."""
+    per_shard: dict[int, tuple[list[Any], list[Any]]] = defaultdict(lambda: ([], []))
+    imp_shards = shard_of([e.user_id for e in impressions.events], layout).tolist()
+    for event, ts, deadline, shard in zip(
+        impressions.events, impressions.timestamp_ms, deadlines_ms, imp_shards, strict=True
+    ):
+        value = encode_request(event, ts, attribute)
+        per_shard[shard][0].append((event.request_id, event.user_id, ts, deadline, value))
+    int_shards = shard_of([e.user_id for e in interactions.events], layout).tolist()
+    for it, ts, grade, shard in zip(
+        interactions.events, interactions.timestamp_ms, interactions.grade, int_shards, strict=True
+    ):
+        stored = (
+            pending_record(it.event_id, it.item_id, ts, grade)
+            if it.request_id
+            else loose_member(it.event_id, it.item_id, grade)
+        )
+        row = (it.event_id, it.user_id, it.request_id or "", ts, grade, stored)
+        per_shard[shard][1].append(row)
+    return {shard: msgspec.msgpack.encode(pair) for shard, pair in per_shard.items()}
 
 
 def _randomization_text(rnd: Randomization | None) -> str:
@@ -115,3 +151,10 @@ def decode_context(
         loose=pending,
         history_ms=times,
     )
+
+
+def text(value: bytes | str | None) -> str:
+    """A reply as text ("" for a missing value)."""
+    if value is None:
+        return ""
+    return value.decode() if isinstance(value, bytes) else value
