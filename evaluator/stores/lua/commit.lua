@@ -128,13 +128,15 @@ local version = redis.call('INCR', p .. 'ver')
 local oldest = {}
 for i, b in ipairs(data[2]) do
   local bk = p .. 'b:' .. b[1]
-  local inc = {struct.unpack(fmt, incs, (i - 1) * nblock * 8 + 1)}
+  local at = (i - 1) * nblock * 8 + 1
   local cur = redis.call('GET', bk)
   if cur then
-    local vals = {struct.unpack(fmt, cur)}
+    local inc, vals = {struct.unpack(fmt, incs, at)}, {struct.unpack(fmt, cur)}
     for j = 1, nblock do inc[j] = inc[j] + vals[j] end
+    redis.call('SET', bk, struct.pack(fmt, unpack(inc, 1, nblock)), 'EX', b[3])
+  else  -- a new block is its increments, bytes as they are (no unpacking and packing)
+    redis.call('SET', bk, string.sub(incs, at, at + nblock * 8 - 1), 'EX', b[3])
   end
-  redis.call('SET', bk, struct.pack(fmt, unpack(inc, 1, nblock)), 'EX', b[3])
   redis.call('ZADD', p .. 'bi:' .. b[4], b[2], b[1])
   redis.call('ZADD', p .. 'mod:' .. b[4], version, b[1])
   local cutoff = b[2] - 2 * b[4]
