@@ -565,3 +565,39 @@ def test_redis_scripts_are_reloaded_after_a_script_flush(redis_url: str, key_pre
     assert ingest(store, imps, interactions()).duplicates == 0
     assert [d.request_id for d in store.due(CONFIG.deadline(1_000), 10)] == ["r1"]
     store.close()
+
+
+def test_redis_coverage_survives_a_failure_between_sketches_and_claims(
+    redis_url: str, key_prefix: str
+) -> None:
+    """Sketches are sets, so the commit adds the items before claiming the requests: a
+    failure in between leaves them open, finalising them again adds nothing twice, and
+    no item is lost (added after the claim, a failure there lost them for good)."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from evaluator.stores.redis import RedisStore, connect
+
+    store = RedisStore(connect(redis_url), SETTINGS.layout(), prefix=key_prefix)
+    lists = {"r1": ["a", "b", "c"], "r2": ["c", "d"]}
+    rows = [(rid, f"u{i}", 1_000, items) for i, (rid, items) in enumerate(lists.items())]
+    ingest(store, impressions(*rows), interactions())
+    add = store._sketches.add
+    calls: list[int] = []
+
+    def failing_once(finalised) -> None:
+        calls.append(len(finalised.requests))
+        if len(calls) == 1:
+            raise RedisConnectionError("injected: Redis went away")
+        add(finalised)
+
+    store._sketches.add = failing_once  # type: ignore[method-assign]
+    with pytest.raises(RedisConnectionError):
+        finalise_all(store, CONFIG.deadline(1_000))
+    assert finalise_all(store, CONFIG.deadline(1_000)) == 2  # still open: finalised now
+    assert calls == [2, 2]
+    window = max(SETTINGS.layout().windows_ms)
+    start = int(SETTINGS.layout().bucket_start(window, np.array([CONFIG.deadline(1_000)]))[0])
+    counts, catalog = store.distinct_items(window, [start], ["A"])
+    assert counts[("A", 10)] == pytest.approx(4, abs=0.5)
+    assert catalog == pytest.approx(4, abs=0.5)
+    store.close()

@@ -306,6 +306,10 @@ class RedisStore:
         prune = prune_loose_before_ms if prune_loose_before_ms is not None else -(2**62)
         shards = finalised.user_bucket % layout.shards
         pending = {int(s): np.flatnonzero(shards == s) for s in np.unique(shards)}
+        # Sketches first: they are sets, so items of requests that another instance
+        # claims, or that a retry after a failure finalises again, are harmless; after
+        # the claims a failure would lose them (the requests are no longer due).
+        self._sketches.add(finalised)
         applied = 0
         while pending:
             pipe = self.client.pipeline(transaction=False)
@@ -341,7 +345,6 @@ class RedisStore:
                     if keep.size:
                         retry[shard] = keep
             pending = retry
-        self._sketches.add(finalised)
         return applied
 
     def distinct_items(
