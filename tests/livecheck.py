@@ -137,7 +137,32 @@ def compare_with_replay(
                     metric,
                     k,
                 )
+    compare_coverage(store, events, settings, report)
     return report
+
+
+def compare_coverage(
+    store: StateStore, events: EventSet, settings: Settings, report: dict[str, Any]
+) -> None:
+    """Each variant's distinct top-K items over the longest window (the union of the
+    buckets the requests' deadlines fall in) equal replay's, within the sketches' error:
+    none lost to a crash or restart, none missing from a second instance."""
+    layout, config = settings.layout(), settings.finalise_config()
+    window = max(layout.windows_ms)
+    deadlines = [
+        config.deadline(e["timestamp"])
+        for e in events.impressions
+        if e["variant"] != SENTINEL_VARIANT
+    ]
+    starts = sorted(set(layout.bucket_start(window, np.array(deadlines)).tolist()))
+    variants = sorted({v for v in report["variants"] if v != SENTINEL_VARIANT})
+    counts, _ = store.distinct_items(window, starts, variants)
+    for variant in variants:
+        block = report["variants"][variant]
+        for k in layout.ks:
+            want = block["coverage"][str(k)] * block["catalog_size"]
+            got = counts[(variant, k)]
+            assert got == pytest.approx(want, rel=0.02, abs=1), (variant, k)
 
 
 def expected_propensity_counts(imp: Path, inter: Path, settings: Settings) -> dict[str, int]:

@@ -49,7 +49,7 @@ BAD_INTERACTIONS = [
 def dataset(seed: int, settings) -> tuple[EventSet, list[dict[str, Any]]]:
     """Generated events (out of order, duplicated, user joins) plus a sentinel, and the
     request-id interactions later than their request's deadline, held back to send late."""
-    events = generate(seed, requests=400)
+    events = generate(seed, requests=400, catalog=3_000)  # coverage far from saturated
     shown = {e["request_id"]: e["timestamp"] for e in events.impressions}
     config = settings.finalise_config()
     late = [
