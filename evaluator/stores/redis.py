@@ -8,7 +8,9 @@ layout runs on Redis Cluster. Writes go through two Lua scripts, ``ingest`` and
 single atomic claim. Open requests, the interactions naming them and finalised
 markers are fields of a few per-shard hashes, not keys of their own: a script
 writes a batch's worth with one multi-field command, where a key per request
-cost a command (and a key's overhead) each.
+cost a command (and a key's overhead) each. Coverage sketches (plain, idempotent
+``PFADD``/``PFMERGE`` under their own tag) are written and counted by
+:mod:`evaluator.stores.redis_sketches`, before each commit's claims.
 """
 
 from __future__ import annotations

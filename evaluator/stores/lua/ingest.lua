@@ -214,8 +214,7 @@ end
 local function merge_history(old, new)
   if #new == 1 then
     local e = new[1]
-    local entry = e[2] .. '\31' .. string.format('%d', e[1])
-    if not old then return entry end
+    if not old then return e[2] .. '\31' .. string.format('%d', e[1]) end
     -- the common case: one interaction after every stored one (in event-time order)
     -- is appended, or dropped when the list is full; no parsing or sorting
     -- (anchored patterns that start with a separator: an unanchored capture of the
@@ -230,7 +229,7 @@ local function merge_history(old, new)
         if at then stored = stored + 1 end
       until not at or stored >= cap
       if stored >= cap then return nil end
-      return old .. '\30' .. entry
+      return old .. '\30' .. e[2] .. '\31' .. string.format('%d', e[1])
     end
   end
   local entries, known = {}, {}
