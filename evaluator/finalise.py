@@ -29,7 +29,12 @@ from evaluator.metrics.overlap import rbo
 from evaluator.metrics.setlevel import encode_top, intra_list_diversity
 from evaluator.propensity_estimation import Observation, clicked_positions
 from evaluator.scoring import ScoringConfig, score_sparse
-from evaluator.windows import AggregateLayout, contribution_rows, user_buckets
+from evaluator.windows import (
+    AggregateLayout,
+    contribution_rows,
+    partition_user_buckets,
+    user_buckets,
+)
 
 FloatArray = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -195,9 +200,15 @@ class FinaliseConfig:
 
 
 def finalise(
-    requests: list[OpenRequest], users: dict[str, UserContext], config: FinaliseConfig
+    requests: list[OpenRequest],
+    users: dict[str, UserContext],
+    config: FinaliseConfig,
+    partition: int | None = None,
 ) -> Finalised:
-    """Score due requests; the caller adds the rows to the window buckets atomically."""
+    """Score due requests; the caller adds the rows to the window buckets atomically.
+
+    ``partition``: the requests belong to that partition's shard (the partition-owned
+    engine); None: users are spread over shards by hash (the shared-state pipeline)."""
     rules, layout = config.rules, config.layout
     outcomes: Counter[str] = Counter()
     entries = _named(requests, rules, outcomes) + _loose(requests, users, rules, outcomes)
@@ -227,7 +238,9 @@ def finalise(
         requests,
         contribution_rows(scores, diversity, overlap),
         cohort.astype(np.int64),
-        user_buckets([r.user_id for r in requests], layout),
+        user_buckets([r.user_id for r in requests], layout)
+        if partition is None
+        else partition_user_buckets([r.user_id for r in requests], layout, partition),
         deadlines,
         outcomes,
         observations(requests, entries) if config.propensity_positions else [],

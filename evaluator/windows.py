@@ -119,6 +119,15 @@ def user_buckets(user_ids: Sequence[str], layout: AggregateLayout) -> I64:
     return (hashes % np.uint64(layout.user_buckets)).astype(np.int64)
 
 
+def partition_user_buckets(user_ids: Sequence[str], layout: AggregateLayout, partition: int) -> I64:
+    """User buckets of users owned by one partition (shard ``partition``): bucket
+    ``partition + shards * (hash % local_buckets)``, so every row a partition writes
+    lands in its own shard's blocks and partitions never write the same block."""
+    hashes = hash_strings(list(user_ids))
+    local = (hashes % np.uint64(layout.local_buckets)).astype(np.int64)
+    return partition + layout.shards * local
+
+
 def shard_of(user_ids: Sequence[str], layout: AggregateLayout) -> I64:
     """The state shard of each user: all of a user's state shares one hash tag."""
     return user_buckets(user_ids, layout) % layout.shards

@@ -114,9 +114,17 @@ def compare_with_replay(
         # the estimators' counters: each finalised request counted exactly once
         expected = expected_propensity_counts(imp, inter, settings)
         assert expected and store.propensity_counts() == expected
-    layout = settings.layout()
-    columns = layout.columns()
-    totals = live_totals(store, max(layout.windows_ms))
+    totals = live_totals(store, max(settings.layout().windows_ms))
+    compare_totals(totals, report, settings)
+    compare_coverage(store, events, settings, report)
+    return report
+
+
+def compare_totals(
+    totals: dict[str, np.ndarray], report: dict[str, Any], settings: Settings
+) -> None:
+    """Per variant (2 cohorts, row) sums equal replay's requests, engaged and means."""
+    columns = settings.layout().columns()
     expected = {v for v in report["variants"] if v != SENTINEL_VARIANT}
     assert set(totals) == expected
     for variant in expected:
@@ -137,8 +145,6 @@ def compare_with_replay(
                     metric,
                     k,
                 )
-    compare_coverage(store, events, settings, report)
-    return report
 
 
 def compare_coverage(

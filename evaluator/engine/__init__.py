@@ -1,0 +1,1 @@
+"""The pure partition engine: join, event time and finalisation of one partition."""

@@ -1,0 +1,290 @@
+"""The partition engine: join, event time and finalisation of one partition, in memory.
+
+A user's impressions and interactions all live in one partition (both topics
+are keyed by user id and co-partitioned), so one engine per partition sees
+everything its requests can join, and the partition's own event time alone
+decides when a request is final. ``evaluator run`` keeps one engine per owned
+partition and checkpoints its changelog, offsets and aggregate increments
+atomically; ``evaluator replay`` and the demo feed the same engine from files
+and the simulator. Pure: no I/O, no clock of its own.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from evaluator.engine.state import Changes, PartitionState, UserState, open_request
+from evaluator.events import ImpressionBatch, InteractionBatch
+from evaluator.finalise import (
+    FinaliseConfig,
+    Finalised,
+    OpenRequest,
+    PendingInteraction,
+    UserContext,
+    finalise,
+)
+
+Configure = Callable[[list[OpenRequest]], list[tuple[FinaliseConfig, list[OpenRequest]]]]
+"""Groups due requests by the finalisation config they use (one curve per bucket)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Everything the engine needs, as plain values (milliseconds)."""
+
+    finalise: FinaliseConfig
+    max_out_of_orderness_ms: int = 5_000
+    idle_timeout_ms: int = 30_000
+    history_cap: int = 3
+    attribute: str = "category"
+    finalised_ttl_ms: int = 2 * 86_400_000
+    history_ttl_ms: int = 30 * 86_400_000
+    inputs: tuple[str, ...] = ("impressions", "interactions")
+    """The engine's input streams: each holds the watermark back until it delivers or
+    goes idle."""
+
+    @property
+    def horizon_ms(self) -> int:
+        """A request-less interaction this much older than the watermark joins nothing open."""
+        rules = self.finalise.rules
+        return (
+            rules.attribution_window_ms
+            + 2 * rules.max_clock_skew_ms
+            + self.finalise.allowed_lateness_ms
+        )
+
+
+@dataclass(slots=True)
+class InputClock:
+    """Event-time progress of one input (a topic partition) of the engine."""
+
+    max_event_ms: int | None = None
+    caught_up_since_ms: int | None = None
+    """Wall clock since when its owner has consumed it to the end offset; None: behind."""
+
+
+@dataclass(slots=True)
+class StepCounts:
+    """What one step did, for the exactly-once counters kept with the state."""
+
+    duplicates: int = 0
+    late: int = 0
+    finalised: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+
+
+class PartitionEngine:
+    """Join state and event time of one partition; see the module docstring."""
+
+    def __init__(
+        self,
+        partition: int,
+        config: EngineConfig,
+        state: PartitionState | None = None,
+        watermark_ms: int | None = None,
+        inputs: Mapping[str, int] | None = None,
+    ) -> None:
+        self.partition = partition
+        self.config = config
+        self.state = state or PartitionState(history_cap=config.history_cap)
+        self.watermark_ms = watermark_ms
+        """Never moves back; None until every input has delivered (or gone idle)."""
+        known = inputs or {}
+        self.inputs: dict[str, InputClock] = {
+            name: InputClock(max_event_ms=known.get(name)) for name in config.inputs
+        }
+        self.counts = StepCounts()
+        self._history_swept_ms: int | None = None
+
+    # --- ingestion --------------------------------------------------------------
+
+    def ingest(self, impressions: ImpressionBatch, interactions: InteractionBatch) -> None:
+        """Store new events; repeats are duplicates, events for final requests are late."""
+        state, counts = self.state, self.counts
+        deadline = self.config.finalise.deadline
+        attribute = self.config.attribute
+        for event, ts in zip(impressions.events, impressions.timestamp_ms, strict=True):
+            rid = event.request_id
+            if rid in state.requests or rid in state.final:
+                counts.duplicates += 1
+                continue
+            state.add_request(open_request(event, ts, attribute), deadline(ts))
+        loose_late_before = self._loose_late_before()
+        for it, ts, grade in zip(
+            interactions.events, interactions.timestamp_ms, interactions.grade, strict=True
+        ):
+            eid = it.event_id
+            if eid in state.named_rid or eid in state.seen:
+                counts.duplicates += 1
+                continue
+            user = state.users.get(it.user_id)
+            if user is not None and eid in user.loose:
+                counts.duplicates += 1
+                continue
+            if grade > 0:
+                state.add_history(it.user_id, eid, ts)
+            pending = PendingInteraction(eid, it.item_id, ts, grade)
+            named = it.request_id
+            if named:
+                final = state.final.get(named)
+                if final is None:
+                    state.add_named(named, pending)
+                elif eid in final[1]:
+                    counts.duplicates += 1
+                else:
+                    final[1].add(eid)
+                    state.mark_final(named, final[0], final[1])
+                    counts.late += 1
+            elif ts < loose_late_before:
+                state.mark_seen(eid, ts)
+                counts.late += 1
+            else:
+                state.add_loose(it.user_id, pending)
+
+    def _loose_late_before(self) -> int:
+        if self.watermark_ms is None:
+            return -(2**62)
+        return self.watermark_ms - self.config.horizon_ms
+
+    # --- event time -------------------------------------------------------------
+
+    def observe(self, name: str, max_event_ms: int | None, caught_up: bool, now_ms: int) -> None:
+        """Progress of one input after a poll: the largest event time it delivered (None:
+        nothing new) and whether its owner has now consumed it to the end offset."""
+        clock = self.inputs.setdefault(name, InputClock())
+        if max_event_ms is not None and (
+            clock.max_event_ms is None or max_event_ms > clock.max_event_ms
+        ):
+            clock.max_event_ms = max_event_ms
+        if not caught_up:
+            clock.caught_up_since_ms = None
+        elif clock.caught_up_since_ms is None:
+            clock.caught_up_since_ms = now_ms
+
+    def advance(self, now_ms: int) -> int | None:
+        """Move the watermark: the smallest event time over inputs that are not idle,
+        minus the tolerated out-of-orderness. An input is idle once its live owner has
+        been at its end offset for ``idle_timeout``; when every input is idle the
+        partition finalises by wall clock. Never moves back."""
+        idle_ms = self.config.idle_timeout_ms
+        busy: list[int | None] = []
+        seen: list[int] = []
+        for clock in self.inputs.values():
+            if clock.max_event_ms is not None:
+                seen.append(clock.max_event_ms)
+            since = clock.caught_up_since_ms
+            if since is None or now_ms - since < idle_ms:
+                busy.append(clock.max_event_ms)
+        if not self.inputs:
+            return self.watermark_ms
+        if busy:
+            if any(t is None for t in busy):
+                return self.watermark_ms
+            base = min(t for t in busy if t is not None)
+        else:
+            base = max([*seen, now_ms])
+        candidate = base - self.config.max_out_of_orderness_ms
+        if self.watermark_ms is None or candidate > self.watermark_ms:
+            self.watermark_ms = candidate
+        return self.watermark_ms
+
+    # --- finalisation -----------------------------------------------------------
+
+    def due(self) -> int:
+        """Open requests whose deadline the watermark has passed."""
+        if self.watermark_ms is None:
+            return 0
+        return sum(1 for d, rid in self.state.deadlines if d <= self.watermark_ms)
+
+    def finalise_due(self, configure: Configure | None = None) -> list[Finalised]:
+        """Finalise every open request whose deadline the watermark has passed, then
+        expire what can no longer join anything."""
+        watermark = self.watermark_ms
+        if watermark is None:
+            return []
+        state = self.state
+        due: list[OpenRequest] = []
+        heap = state.deadlines
+        while heap and heap[0][0] <= watermark:
+            _, rid = heapq.heappop(heap)
+            if rid in state.requests:
+                due.append(state.requests[rid])
+        out: list[Finalised] = []
+        if due:
+            contexts = self._contexts(due)
+            groups = configure(due) if configure else [(self.config.finalise, due)]
+            for config, group in groups:
+                loaded = [self._with_named(r) for r in group]
+                done = finalise(loaded, contexts, config, partition=self.partition)
+                self.counts.outcomes.update(done.outcomes)
+                out.append(done)
+            for done in out:
+                for request, d in zip(done.requests, done.deadline_ms.tolist(), strict=True):
+                    _, applied = state.close_request(request.request_id)
+                    state.mark_final(request.request_id, d, {it.event_id for it in applied})
+                self.counts.finalised += len(done.requests)
+        state.expire(watermark - self.config.horizon_ms, watermark - self.config.finalised_ttl_ms)
+        self._sweep_history(watermark)
+        return out
+
+    def _with_named(self, request: OpenRequest) -> OpenRequest:
+        waiting = self.state.named.get(request.request_id)
+        return OpenRequest(
+            request.request_id,
+            request.user_id,
+            request.variant,
+            request.timestamp_ms,
+            request.items,
+            list(waiting.values()) if waiting else [],
+            request.attributes,
+            request.shadow_variant,
+            request.shadow,
+            request.context,
+            request.randomization,
+        )
+
+    def _contexts(self, due: Iterable[OpenRequest]) -> dict[str, UserContext]:
+        """The due requests' users as finalisation sees them: open impressions (sorted
+        by time, then id), loose interactions and cold-start history."""
+        state = self.state
+        out: dict[str, UserContext] = {}
+        for request in due:
+            uid = request.user_id
+            if uid in out:
+                continue
+            user = state.users.get(uid) or UserState()
+            ordered = sorted((ts, rid) for rid, ts in user.open.items())
+            out[uid] = UserContext(
+                impression_ms=[ts for ts, _ in ordered],
+                impression_ids=[rid for _, rid in ordered],
+                impression_items=[state.requests[rid].items for _, rid in ordered],
+                loose=sorted(user.loose.values()),
+                history_ms=[t for t, _ in user.history],
+            )
+        return out
+
+    def _sweep_history(self, watermark: int) -> None:
+        """Expire cold-start histories past their TTL, once per TTL/10 of event time."""
+        ttl = self.config.history_ttl_ms
+        last = self._history_swept_ms
+        if last is None:
+            self._history_swept_ms = watermark
+        elif watermark - last >= ttl // 10:
+            self.state.drop_history_before(watermark - ttl)
+            self._history_swept_ms = watermark
+
+    # --- checkpointing ----------------------------------------------------------
+
+    def open_requests(self) -> int:
+        return len(self.state.requests)
+
+    def take(self) -> tuple[Changes, StepCounts]:
+        """The changelog and counters since the last call (and forget them)."""
+        counts, self.counts = self.counts, StepCounts()
+        return self.state.flush(), counts
+
+    def input_times(self) -> dict[str, int]:
+        return {n: c.max_event_ms for n, c in self.inputs.items() if c.max_event_ms is not None}

@@ -1,0 +1,299 @@
+"""The in-memory join state of one partition, and its changelog.
+
+Everything a partition's owner needs to join and finalise its users' requests:
+open requests, interactions waiting for them, request-less ("loose")
+interactions, each user's earliest relevant interactions (the cold-start
+history), and markers of what was finalised or counted late (so a redelivery
+is a duplicate, not new). Pure: no I/O.
+
+Every change is recorded as a field of the partition's changelog
+(``r:<request>``, ``i:<event>``, ``l:<event>``, ``h:<user>``, ``f:<request>``,
+``x:<event>``), with the field's new encoded value or ``None`` for a deletion.
+A store keeps those fields as one hash per partition: the hash *is* the
+compacted changelog, and :meth:`PartitionState.restore` rebuilds the state from
+it exactly.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from evaluator.events import Impression
+from evaluator.finalise import OpenRequest, PendingInteraction
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder().decode
+
+Changes = dict[str, bytes | None]
+"""Changelog fields written (encoded value) or deleted (None) since the last flush."""
+
+
+@dataclass(slots=True)
+class UserState:
+    """One user's part of the join state."""
+
+    open: dict[str, int] = field(default_factory=dict)
+    """Open request id -> impression time."""
+    loose: dict[str, PendingInteraction] = field(default_factory=dict)
+    """Request-less interactions by event id."""
+    history: list[tuple[int, str]] = field(default_factory=list)
+    """The earliest relevant interactions, sorted (time, event id), at most the cap."""
+
+    def empty(self) -> bool:
+        return not (self.open or self.loose or self.history)
+
+
+def _request_value(r: OpenRequest) -> bytes:
+    rnd = list(r.randomization) if r.randomization else None
+    return _encode(
+        (
+            r.user_id,
+            r.variant,
+            r.timestamp_ms,
+            r.items,
+            r.attributes,
+            r.shadow_variant,
+            r.shadow,
+            r.context,
+            rnd,
+        )
+    )
+
+
+def _request_of(rid: str, raw: bytes) -> OpenRequest:
+    uid, variant, ts, items, attrs, shadow_variant, shadow, context, rnd = _decode(raw)
+    return OpenRequest(
+        rid,
+        uid,
+        variant,
+        ts,
+        items,
+        attributes=attrs,
+        shadow_variant=shadow_variant,
+        shadow=shadow,
+        context=context,
+        randomization=(rnd[0], rnd[1]) if rnd else None,
+    )
+
+
+def open_request(event: Impression, timestamp_ms: int, attribute: str) -> OpenRequest:
+    """The open request an impression starts (its first shadow ranking by name kept)."""
+    shadow_variant, shadow = "", []
+    if event.shadow:
+        shadow_variant = min(event.shadow)
+        shadow = list(event.shadow[shadow_variant])
+    return OpenRequest(
+        event.request_id,
+        event.user_id,
+        event.variant,
+        timestamp_ms,
+        list(event.items),
+        attributes=list((event.item_attributes or {}).get(attribute, [])),
+        shadow_variant=shadow_variant,
+        shadow=shadow,
+        context=event.context or "",
+        randomization=event.randomization.key() if event.randomization else None,
+    )
+
+
+@dataclass(slots=True)
+class PartitionState:
+    """The join state of one partition, recording every change in :attr:`changes`."""
+
+    history_cap: int = 3
+    requests: dict[str, OpenRequest] = field(default_factory=dict)
+    deadlines: list[tuple[int, str]] = field(default_factory=list)
+    """Heap of (finalisation deadline, request id); stale entries are skipped."""
+    named: dict[str, dict[str, PendingInteraction]] = field(default_factory=dict)
+    """Request id -> interactions naming it (the request may not have arrived yet)."""
+    named_rid: dict[str, str] = field(default_factory=dict)
+    """Event id of a waiting named interaction -> its request id."""
+    users: dict[str, UserState] = field(default_factory=dict)
+    final: dict[str, tuple[int, set[str]]] = field(default_factory=dict)
+    """Finalised request -> (deadline, ids of the interactions applied or counted late)."""
+    seen: dict[str, int] = field(default_factory=dict)
+    """Event ids of loose interactions pruned or counted late -> event time."""
+    expiry: list[tuple[int, int, str]] = field(default_factory=list)
+    """Heap of (time, kind, key) of markers (0: ``f:``, 1: ``x:``) and of interactions
+    naming a request that never arrived (3: ``i:``), dropped once the watermark passes
+    time + the marker TTL."""
+    loose_expiry: list[tuple[int, int, str]] = field(default_factory=list)
+    """Heap of (time, 2, user US event) of loose interactions, dropped past the horizon."""
+    changes: Changes = field(default_factory=dict)
+
+    # --- writes -----------------------------------------------------------------
+
+    def user(self, user_id: str) -> UserState:
+        found = self.users.get(user_id)
+        if found is None:
+            found = self.users[user_id] = UserState()
+        return found
+
+    def add_request(self, request: OpenRequest, deadline_ms: int) -> None:
+        rid = request.request_id
+        self.requests[rid] = request
+        heapq.heappush(self.deadlines, (deadline_ms, rid))
+        self.user(request.user_id).open[rid] = request.timestamp_ms
+        self.changes["r:" + rid] = _request_value(request)
+
+    def add_named(self, rid: str, it: PendingInteraction) -> None:
+        self.named.setdefault(rid, {})[it.event_id] = it
+        self.named_rid[it.event_id] = rid
+        heapq.heappush(self.expiry, (it.timestamp_ms, 3, it.event_id))
+        self.changes["i:" + it.event_id] = _encode((rid, it.item_id, it.timestamp_ms, it.grade))
+
+    def add_loose(self, user_id: str, it: PendingInteraction) -> None:
+        self.user(user_id).loose[it.event_id] = it
+        heapq.heappush(self.loose_expiry, (it.timestamp_ms, 2, user_id + "\x1f" + it.event_id))
+        self.changes["l:" + it.event_id] = _encode((user_id, it.item_id, it.timestamp_ms, it.grade))
+
+    def add_history(self, user_id: str, event_id: str, timestamp_ms: int) -> None:
+        """Keep the user's earliest ``history_cap`` relevant interactions."""
+        user = self.user(user_id)
+        entry = (timestamp_ms, event_id)
+        if entry in user.history:
+            return
+        if len(user.history) >= self.history_cap and entry >= user.history[-1]:
+            return
+        user.history.append(entry)
+        user.history.sort()
+        del user.history[self.history_cap :]
+        self._write_history(user_id, user)
+
+    def _write_history(self, user_id: str, user: UserState) -> None:
+        self.changes["h:" + user_id] = _encode(user.history) if user.history else None
+
+    def mark_final(self, rid: str, deadline_ms: int, event_ids: set[str]) -> None:
+        self.final[rid] = (deadline_ms, event_ids)
+        heapq.heappush(self.expiry, (deadline_ms, 0, rid))
+        self.changes["f:" + rid] = _encode((deadline_ms, sorted(event_ids)))
+
+    def mark_seen(self, event_id: str, timestamp_ms: int) -> None:
+        self.seen[event_id] = timestamp_ms
+        heapq.heappush(self.expiry, (timestamp_ms, 1, event_id))
+        self.changes["x:" + event_id] = _encode(timestamp_ms)
+
+    def close_request(self, rid: str) -> tuple[OpenRequest, list[PendingInteraction]]:
+        """Remove an open request and the interactions naming it (being finalised)."""
+        request = self.requests.pop(rid)
+        self.changes["r:" + rid] = None
+        waiting = self.named.pop(rid, {})
+        for eid in waiting:
+            self.named_rid.pop(eid, None)
+            self.changes["i:" + eid] = None
+        user = self.users.get(request.user_id)
+        if user is not None:
+            user.open.pop(rid, None)
+            self._drop_if_empty(request.user_id, user)
+        return request, list(waiting.values())
+
+    def _drop_if_empty(self, user_id: str, user: UserState) -> None:
+        if user.empty():
+            del self.users[user_id]
+
+    def expire(self, loose_before_ms: int, markers_before_ms: int) -> None:
+        """Drop loose interactions older than ``loose_before_ms`` (they can join nothing
+        open; remembered as seen so a redelivery is a duplicate) and markers older than
+        ``markers_before_ms``."""
+        for heap, before in (
+            (self.loose_expiry, loose_before_ms),
+            (self.expiry, markers_before_ms),
+        ):
+            while heap and heap[0][0] < before:
+                t, kind, key = heapq.heappop(heap)
+                self._expire_one(kind, key, t)
+
+    def _expire_one(self, kind: int, key: str, t: int) -> None:
+        if kind == 0:
+            found = self.final.get(key)
+            if found is not None and found[0] == t:
+                del self.final[key]
+                self.changes["f:" + key] = None
+        elif kind == 1:
+            if self.seen.get(key) == t:
+                del self.seen[key]
+                self.changes["x:" + key] = None
+        elif kind == 3:  # a named interaction whose request never came
+            rid = self.named_rid.get(key)
+            if rid is not None and rid not in self.requests:
+                del self.named_rid[key]
+                waiting = self.named[rid]
+                del waiting[key]
+                if not waiting:
+                    del self.named[rid]
+                self.changes["i:" + key] = None
+        else:
+            uid, eid = key.split("\x1f", 1)
+            user = self.users.get(uid)
+            if user is not None and eid in user.loose:
+                del user.loose[eid]
+                self.changes["l:" + eid] = None
+                self.mark_seen(eid, t)
+                self._drop_if_empty(uid, user)
+
+    def drop_history_before(self, before_ms: int) -> None:
+        """Forget histories whose newest entry is older than ``before_ms`` (users with
+        nothing else kept are dropped): the cold-start history's TTL."""
+        for uid, user in list(self.users.items()):
+            if user.history and user.history[-1][0] < before_ms:
+                user.history = []
+                self._write_history(uid, user)
+                self._drop_if_empty(uid, user)
+
+    def flush(self) -> Changes:
+        """The changes since the last flush (and forget them)."""
+        out, self.changes = self.changes, {}
+        return out
+
+    # --- restore ----------------------------------------------------------------
+
+    @classmethod
+    def restore(
+        cls,
+        fields: Iterable[tuple[str, bytes]],
+        deadline: Any,
+        history_cap: int,
+    ) -> PartitionState:
+        """Rebuild the state from its changelog fields (``deadline``: impression time ->
+        finalisation deadline)."""
+        state = cls(history_cap=history_cap)
+        for name, raw in fields:
+            kind, key = name[0], name[2:]
+            if kind == "r":
+                request = _request_of(key, raw)
+                state.requests[key] = request
+                state.deadlines.append((deadline(request.timestamp_ms), key))
+                state.user(request.user_id).open[key] = request.timestamp_ms
+            elif kind == "i":
+                rid, item, ts, grade = _decode(raw)
+                state.named.setdefault(rid, {})[key] = PendingInteraction(key, item, ts, grade)
+                state.named_rid[key] = rid
+                state.expiry.append((ts, 3, key))
+            elif kind == "l":
+                uid, item, ts, grade = _decode(raw)
+                state.user(uid).loose[key] = PendingInteraction(key, item, ts, grade)
+                state.loose_expiry.append((ts, 2, uid + "\x1f" + key))
+            elif kind == "h":
+                state.user(key).history = [(t, e) for t, e in _decode(raw)]
+            elif kind == "f":
+                d, ids = _decode(raw)
+                state.final[key] = (d, set(ids))
+                state.expiry.append((d, 0, key))
+            elif kind == "x":
+                t = _decode(raw)
+                state.seen[key] = t
+                state.expiry.append((t, 1, key))
+        heapq.heapify(state.deadlines)
+        heapq.heapify(state.expiry)
+        heapq.heapify(state.loose_expiry)
+        return state
+
+
+def decode_fields(raw: Mapping[Any, bytes]) -> list[tuple[str, bytes]]:
+    """Changelog fields as read from a store (names as bytes or str)."""
+    return [(k.decode() if isinstance(k, bytes) else k, v) for k, v in raw.items()]
