@@ -177,7 +177,7 @@ def _add_simulate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 def _cmd_demo(args: argparse.Namespace) -> int:
     import threading
 
-    from evaluator.commands.demo import demo_tree, run_demo, sim_config
+    from evaluator.commands.demo import DEMO_PARTITIONS, demo_tree, run_demo, sim_config
     from evaluator.commands.run import build_store, install_signal_handlers, run
     from evaluator.config import load_tree
     from evaluator.stores.base import StateStore
@@ -192,8 +192,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         "(Ctrl-C stops)",
         file=sys.stderr,
     )
-    store: StateStore | None = build_store(settings) if args.redis else None
     if not args.kafka:
+        store: StateStore | None = build_store(settings, DEMO_PARTITIONS) if args.redis else None
         simulator = run_demo(
             settings,
             seed=args.seed,
@@ -225,8 +225,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             )
 
         threading.Thread(target=produce, name="simulator", daemon=True).start()
-        store = store or build_memory_store(settings)
-        run(settings, stop, store, truth=lambda: holder[0].truth.as_dict() if holder else {})
+
+        def make_store(partitions: int) -> StateStore:
+            if args.redis:
+                return build_store(settings, partitions)
+            return build_memory_store(settings, partitions)
+
+        run(settings, stop, make_store, truth=lambda: holder[0].truth.as_dict() if holder else {})
         simulator = holder[0] if holder else Simulator(config)
     json.dump(simulator.truth.as_dict(), sys.stderr, indent=2)
     sys.stderr.write("\n")

@@ -345,21 +345,30 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
                 f"redis.shards ({self.redis.shards})"
             )
 
-    def layout(self) -> AggregateLayout:
+    def layout(self, partitions: int | None = None) -> AggregateLayout:
+        """The aggregate layout. ``partitions``: the partition-owned engine's, one shard
+        per input partition (so a partition's owner writes only its own blocks), with
+        ``windows.user_buckets`` rounded up to a multiple of the partition count."""
+        shards, user_buckets = self.redis.shards, self.windows.user_buckets
+        if partitions is not None:
+            shards = partitions
+            user_buckets = partitions * -(-user_buckets // partitions)
         return AggregateLayout(
             ks=tuple(self.metrics.k),
             windows_ms=tuple(self.windows.sizes_ms()),
             buckets_per_window=self.windows.buckets_per_window,
-            user_buckets=self.windows.user_buckets,
-            shards=self.redis.shards,
+            user_buckets=user_buckets,
+            shards=shards,
         )
 
-    def finalise_config(self, curve: tuple[float, ...] | None = None) -> FinaliseConfig:
+    def finalise_config(
+        self, curve: tuple[float, ...] | None = None, partitions: int | None = None
+    ) -> FinaliseConfig:
         return FinaliseConfig(
             rules=self.join.rules(),
             scoring=self.scoring(curve),
             propensity_positions=self.propensity.positions if self.propensity.collect else 0,
-            layout=self.layout(),
+            layout=self.layout(partitions),
             min_relevant_history=self.cold_start.min_relevant_history,
             allowed_lateness_ms=self.event_time.ms("allowed_lateness"),
         )

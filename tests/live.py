@@ -88,7 +88,7 @@ class LiveEnv:
 
     def store(self) -> RedisStore:
         client = connect(self.redis_url, cluster=self.cluster)
-        return RedisStore(client, self.settings().layout(), prefix=self.name)
+        return RedisStore(client, self.settings().layout(self.partitions), prefix=self.name)
 
 
 def free_port() -> int:

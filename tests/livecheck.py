@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import random
+import zlib
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +14,12 @@ import pytest
 
 from evaluator.commands.replay import evaluate_files, load_events
 from evaluator.config import Settings
-from evaluator.pipeline import PartitionBatch, Pipeline
+from evaluator.pipeline import PartitionBatch
 from evaluator.propensity_estimation import increments
 from evaluator.replay import attribute, dedupe_impressions
 from evaluator.replay import observations as observations_of
 from evaluator.stores.base import StateStore
+from evaluator.tasks import Tasks
 from tests.eventgen import EventSet
 
 SENTINEL_VARIANT = "zz-sentinel"
@@ -32,38 +35,56 @@ class FakeClock:
         return self.now
 
 
-def feed(pipeline: Pipeline, events: EventSet, seed: int, batch: int = 64) -> dict[str, int]:
-    """Deliver events in event-time order with small jitter, round-robin over 2 partitions.
+def partition_of(user_id: str, partitions: int) -> int:
+    """The partition a user's events go to in these tests (any stable function will do:
+    the engine trusts the partition it is given)."""
+    return zlib.crc32(user_id.encode()) % partitions
 
-    Returns the watermark in force when each interaction was delivered.
+
+def feed(
+    tasks: Tasks, events: EventSet, seed: int, batch: int = 64, end_ms: int | None = None
+) -> dict[str, int]:
+    """Deliver events in event-time order with small jitter, each user's to their
+    partition, then let every input go idle with the wall clock at ``end_ms`` (default:
+    a day after the last event, so every request is final).
+
+    Returns the watermark of its partition in force when each interaction was delivered.
     """
     rng = random.Random(seed)
+    n = tasks.partitions
     stream = [("impressions", e) for e in events.impressions] + [
         ("interactions", e) for e in events.interactions
     ]
     stream.sort(key=lambda ke: ke[1]["timestamp"] + rng.randrange(0, 3_000))
     seen_at: dict[str, int] = {}
+    offsets: dict[str, int] = defaultdict(int)
+    clock = tasks.clock_ms
     for start in range(0, len(stream), batch):
         chunk = stream[start : start + batch]
-        watermark = pipeline.watermark()
+        parts: dict[str, list[bytes]] = defaultdict(list)
         for kind, e in chunk:
+            p = partition_of(e.get("user_id", ""), n)
             if kind == "interactions":
-                seen_at.setdefault(e["event_id"], -(2**62) if watermark is None else watermark)
-        parts = []
-        for kind in ("impressions", "interactions"):
-            for p in range(2):
-                payloads = [
-                    json.dumps(e).encode()
-                    for i, (k, e) in enumerate(chunk)
-                    if k == kind and i % 2 == p
-                ]
-                if payloads:
-                    parts.append(PartitionBatch(kind, f"{kind}:{p}", payloads))
-        pipeline.process(parts)
-        pipeline.clock_ms.now += 10  # type: ignore[attr-defined]
-    # the stream goes quiet: once every partition is idle the watermark reaches the end
-    pipeline.clock_ms.now += pipeline.idle_ms  # type: ignore[attr-defined]
-    pipeline.finalise_due()
+                mark = tasks.owned[p].engine.watermark_ms
+                seen_at.setdefault(e["event_id"], -(2**62) if mark is None else mark)
+            parts[f"{kind}:{p}"].append(json.dumps(e).encode())
+        batches = []
+        for name, payloads in parts.items():
+            kind = name.split(":")[0]
+            first = offsets[name]
+            offsets[name] += len(payloads)
+            batches.append(
+                PartitionBatch(kind, name, payloads, range(first, first + len(payloads)))  # type: ignore[arg-type]
+            )
+        tasks.apply(batches, ())
+        clock.now += 10  # type: ignore[attr-defined]
+    # the stream goes quiet: every input is at its end for idle_timeout
+    last = max(e["timestamp"] for _, e in stream)
+    clock.now = end_ms if end_ms is not None else last + 86_400_000  # type: ignore[attr-defined]
+    ended = {f"{kind}:{p}" for kind in ("impressions", "interactions") for p in range(n)}
+    tasks.apply([], ended)
+    clock.now += tasks.config.idle_timeout_ms  # type: ignore[attr-defined]
+    tasks.apply([], ended)
     return seen_at
 
 

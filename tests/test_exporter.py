@@ -15,8 +15,8 @@ from evaluator.config import load_settings
 from evaluator.exporters.http import serve
 from evaluator.exporters.pipeline_metrics import PipelineCollector
 from evaluator.exporters.prometheus import WindowCollector
-from evaluator.pipeline import Pipeline
 from evaluator.stores.memory import MemoryStore
+from evaluator.tasks import Tasks
 from evaluator.windows_read import OTHER, cap_variants
 from tests.eventgen import generate
 from tests.livecheck import SENTINEL_VARIANT, FakeClock, feed, sentinel
@@ -35,11 +35,14 @@ def live_run(events, settings=None, seed: int = 0):
     """Feed events (plus a sentinel an hour later) through the pipeline on the embedded
     store; returns the settings, the pipeline and the window collector."""
     settings = settings or load_settings(environ={})
-    store = MemoryStore(settings.layout())
-    pipeline = Pipeline(store, settings, clock_ms=FakeClock())
+    store = MemoryStore(settings.layout(2))
+    tasks = Tasks(store, settings, 2, clock_ms=FakeClock())
+    tasks.assign([0, 1])
     events.impressions.append(sentinel(events, after_ms=3_600_000))
-    feed(pipeline, events, seed)
-    return settings, pipeline, WindowCollector(store, settings, pipeline.watermark)
+    # the wall clock ends before the sentinel's deadline: only the sentinel stays open
+    end = events.impressions[-1]["timestamp"] + 30 * 60_000
+    feed(tasks, events, seed, end_ms=end)
+    return settings, tasks, WindowCollector(store, settings, store.frontier)
 
 
 @pytest.fixture(scope="module")

@@ -74,19 +74,6 @@ def test_ingest_is_idempotent_and_counts_duplicates(make_store) -> None:
     assert users["u1"].history_ms == [2_000]
 
 
-def test_open_and_due_requests_are_counted(make_store) -> None:
-    store = make_store(SETTINGS.layout())
-    ingest(
-        store, impressions(("r1", "u1", 1_000, ["a"]), ("r2", "u2", 9_000, ["a"])), interactions()
-    )
-    first, second = CONFIG.deadline(1_000), CONFIG.deadline(9_000)
-    assert store.open_requests(first - 1) == (2, 0)
-    assert store.open_requests(first) == (2, 1)
-    assert store.open_requests(second) == (2, 2)
-    finalise_all(store, first)
-    assert store.open_requests(second) == (1, 1)
-
-
 def test_commit_claims_each_request_once(make_store) -> None:
     store = make_store(SETTINGS.layout())
     ingest(

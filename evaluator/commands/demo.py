@@ -18,10 +18,11 @@ from typing import Any
 from evaluator.commands.serving import serve_metrics
 from evaluator.commands.simulate import RateLimiter
 from evaluator.config import Settings, merge
-from evaluator.pipeline import PartitionBatch, Pipeline
+from evaluator.pipeline import PartitionBatch
 from evaluator.simulate import SimulationConfig, Simulator
 from evaluator.stores.base import StateStore
 from evaluator.stores.memory import MemoryStore
+from evaluator.tasks import Tasks
 
 log = logging.getLogger("evaluator.demo")
 
@@ -37,10 +38,14 @@ DEMO_OVERRIDES: dict[str, Any] = {
 A configuration file, the environment and flags still override them."""
 
 
-def build_memory_store(settings: Settings) -> MemoryStore:
+DEMO_PARTITIONS = 1
+"""The simulator's traffic is one partition of the engine."""
+
+
+def build_memory_store(settings: Settings, partitions: int = DEMO_PARTITIONS) -> MemoryStore:
     """The embedded store, configured from the settings like the Redis one."""
     return MemoryStore(
-        settings.layout(),
+        settings.layout(partitions),
         settings.cold_start.min_relevant_history,
         settings.metrics.diversity_attribute,
         propensity_history_ms=settings.propensity.history_ms(),
@@ -67,13 +72,15 @@ def sim_config(
 
 
 def feed(
-    pipeline: Pipeline,
+    tasks: Tasks,
     simulator: Simulator,
     requests_per_s: float,
     stop: threading.Event,
     requests: int | None = None,
 ) -> None:
-    """Simulated chunks through the pipeline, paced to ``requests_per_s`` in wall time."""
+    """Simulated chunks through the engine, paced to ``requests_per_s`` in wall time.
+    When the simulator is done, its inputs are at their end: they go idle and the
+    partition finalises what its event time allows."""
     limiter = RateLimiter(requests_per_s)
     offsets = {"impressions": 0, "interactions": 0}
     for chunk in simulator.chunks(requests, chunk=64):
@@ -85,11 +92,14 @@ def feed(
                 offsets[kind] += len(payloads)
                 offs = range(start, start + len(payloads))
                 batches.append(PartitionBatch(kind, f"{kind}:0", payloads, offs))
-        pipeline.process(batches)
+        tasks.apply(batches, ())
         if stop.wait(limiter.delay(64)):
             return
-    while not stop.is_set() and pipeline.finalise_due():
-        pass
+    ended = {f"{kind}:0" for kind in ("impressions", "interactions")}
+    tasks.apply([], ended)
+    idle_s = tasks.config.idle_timeout_ms / 1000.0
+    if not stop.wait(idle_s):
+        tasks.apply([], ended)
 
 
 def run_demo(
@@ -107,11 +117,12 @@ def run_demo(
     config = sim_config(settings, seed, requests_per_s, speed)
     simulator = Simulator(config)
     store = store or build_memory_store(settings)
-    pipeline = Pipeline(store, settings)
+    tasks = Tasks(store, settings, DEMO_PARTITIONS)
+    tasks.assign([0])
     server = serve_metrics(
         settings,
         store,
-        pipeline,
+        tasks,
         alive=lambda: True,
         ready=lambda: (True, "ready: demo"),
         truth=simulator.truth.as_dict,
@@ -120,7 +131,7 @@ def run_demo(
         host, port = server.server_address[:2]
         log.info("dashboard: http://%s:%d/  (metrics: /metrics)", host, port)
     try:
-        feed(pipeline, simulator, requests_per_s, stop, requests)
+        feed(tasks, simulator, requests_per_s, stop, requests)
     finally:
         if server is not None:
             server.shutdown()

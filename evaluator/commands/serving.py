@@ -14,8 +14,9 @@ from evaluator.exporters.dashboard import DashboardHistory, routes
 from evaluator.exporters.http import CachedExposition, serve
 from evaluator.exporters.pipeline_metrics import PipelineCollector
 from evaluator.exporters.prometheus import WindowCollector
-from evaluator.pipeline import Pipeline, wall_clock_ms
+from evaluator.pipeline import wall_clock_ms
 from evaluator.stores.base import StateStore
+from evaluator.tasks import Tasks
 from evaluator.timeutil import parse_duration_ms
 
 log = logging.getLogger(__name__)
@@ -24,7 +25,7 @@ log = logging.getLogger(__name__)
 def serve_metrics(
     settings: Settings,
     store: StateStore,
-    pipeline: Pipeline,
+    tasks: Tasks,
     *,
     alive: Callable[[], bool],
     ready: Callable[[], tuple[bool, str]],
@@ -36,8 +37,8 @@ def serve_metrics(
     if not settings.http.port:
         return None
     registry = CollectorRegistry()
-    registry.register(PipelineCollector(pipeline.stats, lag, pipeline.watermark, wall_clock_ms))
-    windows = WindowCollector(store, settings, pipeline.watermark)
+    registry.register(PipelineCollector(tasks.stats, lag, tasks.watermark, wall_clock_ms))
+    windows = WindowCollector(store, settings, store.frontier)
     history = DashboardHistory(settings.windows.sizes_label(), settings.metrics.k[0], truth=truth)
     refresh_s = parse_duration_ms(settings.http.refresh_interval) / 1000.0
 

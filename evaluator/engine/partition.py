@@ -226,9 +226,24 @@ class PartitionEngine:
                     _, applied = state.close_request(request.request_id)
                     state.mark_final(request.request_id, d, {it.event_id for it in applied})
                 self.counts.finalised += len(done.requests)
-        state.expire(watermark - self.config.horizon_ms, watermark - self.config.finalised_ttl_ms)
-        self._sweep_history(watermark)
+        # markers and histories live for a TTL of the data's own time: an idle partition's
+        # watermark follows the wall clock, which must not expire a backfill's markers
+        # (a late redelivery would then count as new instead of late)
+        data_ms = self.data_time_ms()
+        state.expire(watermark - self.config.horizon_ms, data_ms - self.config.finalised_ttl_ms)
+        self._sweep_history(data_ms)
         return out
+
+    def readout_ms(self) -> int | None:
+        """The watermark, capped at the data's own time (minus the out-of-orderness)."""
+        if self.watermark_ms is None:
+            return None
+        return min(self.watermark_ms, self.data_time_ms() - self.config.max_out_of_orderness_ms)
+
+    def data_time_ms(self) -> int:
+        """The largest event time consumed (the watermark before any)."""
+        times = [c.max_event_ms for c in self.inputs.values() if c.max_event_ms is not None]
+        return max(times) if times else (self.watermark_ms or 0)
 
     def _with_named(self, request: OpenRequest) -> OpenRequest:
         waiting = self.state.named.get(request.request_id)

@@ -14,9 +14,10 @@ from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.coordinator.assignors.range import RangePartitionAssignor
 from kafka.structs import OffsetAndMetadata
 
-from evaluator.config import KafkaSettings
+from evaluator.config import ConfigError, KafkaSettings
 from evaluator.pipeline import Kind, PartitionBatch, Rejected
 from evaluator.timeutil import parse_duration_ms
 
@@ -41,12 +42,17 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
     def on_partitions_revoked(self, revoked: Sequence[TopicPartition]) -> None:
         self.source.awaiting_since = time.monotonic()
         log.info("partitions revoked: %s", sorted(self.source.name(tp) for tp in revoked))
+        self.source.on_revoke(sorted({tp.partition for tp in revoked}))
 
     def on_partitions_assigned(self, assigned: Sequence[TopicPartition]) -> None:
         names = sorted(self.source.name(tp) for tp in assigned)
         self.source.awaiting_since = None
         log.info("partitions assigned: %s", names)
+        consumer = self.source.consumer
+        consumer.resume(*assigned)  # partitions paused after a fencing are ours again
         self.source.on_assign(names)
+        resume = self.source.on_claim(sorted({tp.partition for tp in assigned}))
+        self.source.seek(resume)
 
 
 class KafkaSource:
@@ -57,10 +63,16 @@ class KafkaSource:
         settings: KafkaSettings,
         poll_timeout_ms: int,
         on_assign: Callable[[list[str]], None] = lambda names: None,
+        on_claim: Callable[[list[int]], dict[int, dict[str, int]]] = lambda numbers: {},
+        on_revoke: Callable[[list[int]], None] = lambda numbers: None,
     ) -> None:
+        """``on_claim``: partition numbers newly assigned -> the offsets (per kind) to
+        resume each at; ``on_revoke``: partition numbers taken away."""
         self.settings = settings
         self.poll_timeout_ms = poll_timeout_ms
         self.on_assign = on_assign
+        self.on_claim = on_claim
+        self.on_revoke = on_revoke
         self.kinds: dict[str, Kind] = {
             settings.impressions_topic: "impressions",
             settings.interactions_topic: "interactions",
@@ -74,12 +86,14 @@ class KafkaSource:
             max_poll_records=settings.max_poll_records,
             session_timeout_ms=parse_duration_ms(settings.session_timeout),
             heartbeat_interval_ms=max(1000, parse_duration_ms(settings.session_timeout) // 10),
+            # per topic, the same partition numbers to the same member: co-partitioned
+            # topics give each member whole partitions (a user's events of both kinds)
+            partition_assignment_strategy=[RangePartitionAssignor],
             **_security(settings),
         )
         self.awaiting_since: float | None = time.monotonic()
         """When the group started (re)balancing without an assignment yet; None when settled."""
         self._await_metadata(timeout_s=30.0)
-        self.subscribe()
         self._producer: KafkaProducer | None = None
 
     def _await_metadata(self, timeout_s: float) -> None:
@@ -96,6 +110,56 @@ class KafkaSource:
                 time.sleep(0.2)
         if missing:
             log.warning("no metadata yet for %s; subscribing anyway", ", ".join(missing))
+
+    def partition_count(self) -> int:
+        """The topics' common partition count; a ConfigError (one line at start-up)
+        when they differ, since a user's events would then live in two partition
+        numbers."""
+        counts = {t: len(self.consumer.partitions_for_topic(t) or ()) for t in self.kinds}
+        if len(set(counts.values())) != 1 or 0 in counts.values():
+            listed = ", ".join(f"{t} has {n}" for t, n in counts.items())
+            raise ConfigError(
+                f"kafka.impressions_topic and kafka.interactions_topic must be co-partitioned "
+                f"(the same number of partitions, keyed by user id): {listed}"
+            )
+        return next(iter(counts.values()))
+
+    def seek(self, resume: dict[int, dict[str, int]]) -> None:
+        """Move each (partition number, kind) to its checkpointed offset."""
+        topics: dict[str, str] = {kind: topic for topic, kind in self.kinds.items()}
+        for number, offsets in resume.items():
+            for kind, offset in offsets.items():
+                topic = topics.get(kind)
+                if topic is not None:
+                    self.consumer.seek(TopicPartition(topic, number), offset)
+
+    def pause(self, numbers: Sequence[int]) -> None:
+        """Stop fetching partitions lost to a newer owner (until the next assignment)."""
+        wanted = set(numbers)
+        self.consumer.pause(*[tp for tp in self.consumer.assignment() if tp.partition in wanted])
+
+    def caught_up(self) -> set[str]:
+        """Assigned inputs consumed to their end offset (as of the last fetch); an input
+        whose end is not known yet is not caught up."""
+        names = set()
+        for tp in self.consumer.assignment():
+            high = self.consumer.highwater(tp)
+            if high is not None and self.consumer.position(tp) >= high:
+                names.add(self.name(tp))
+        return names
+
+    def commit_offsets(self, offsets: dict[int, dict[str, int]]) -> None:
+        """Commit checkpointed offsets to Kafka too (for lag monitoring and tools; the
+        checkpoint in the store is what a new owner resumes from)."""
+        topics: dict[str, str] = {kind: topic for topic, kind in self.kinds.items()}
+        out = {
+            TopicPartition(topics[kind], number): OffsetAndMetadata(offset, "", -1)
+            for number, mine in offsets.items()
+            for kind, offset in mine.items()
+            if kind in topics
+        }
+        if out:
+            self.consumer.commit_async(offsets=out)
 
     def subscribe(self) -> None:
         """(Re)subscribe to both topics, e.g. when no partitions arrived in time."""

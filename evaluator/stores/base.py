@@ -18,6 +18,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from evaluator.engine.checkpoint import Checkpoint, Delta, Outcome
 from evaluator.events import ImpressionBatch, InteractionBatch
 from evaluator.finalise import Finalised, OpenRequest, UserContext
 from evaluator.windows import AggregateLayout
@@ -54,6 +55,23 @@ class StateStore(Protocol):
 
     def check_layout(self) -> None:
         """Refuse to run against state written with another aggregate layout."""
+        ...
+
+    def claim(self, partition: int) -> Checkpoint:
+        """Become the partition's owner: bump its epoch (fencing every earlier owner)
+        and return its stored state and offsets."""
+        ...
+
+    def checkpoint(self, partition: int, epoch: int, seq: int, delta: Delta) -> Outcome:
+        """Write one batch's delta atomically, only if ``epoch`` still owns the
+        partition and the stored copy is the one written by its ``seq``-th checkpoint
+        (see :class:`~evaluator.engine.checkpoint.Outcome`)."""
+        ...
+
+    def frontier(self) -> int | None:
+        """The readout's event time: the furthest any partition's readout time has got
+        (its watermark capped at its data, see
+        :attr:`~evaluator.engine.checkpoint.Delta.readout_ms`); None before any."""
         ...
 
     def ingest(

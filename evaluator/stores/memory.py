@@ -15,6 +15,7 @@ from typing import cast
 
 import numpy as np
 
+from evaluator.engine.checkpoint import Checkpoint, Delta, Outcome
 from evaluator.events import Impression, ImpressionBatch, Interaction, InteractionBatch
 from evaluator.finalise import Finalised, OpenRequest, PendingInteraction, UserContext
 from evaluator.propensity_estimation import (
@@ -34,6 +35,20 @@ class _User:
     loose: dict[tuple[str, str, float], PendingInteraction] = field(default_factory=dict)
     history: dict[str, int] = field(default_factory=dict)
     late: set[str] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class _Partition:
+    """A partition's checkpoint: owner epoch, changelog fields, offsets, event time."""
+
+    epoch: int = 0
+    seq: int = 0
+    fields: dict[str, bytes] = field(default_factory=dict)
+    offsets: dict[str, int] = field(default_factory=dict)
+    times: dict[str, int] = field(default_factory=dict)
+    watermark_ms: int | None = None
+    readout_ms: int | None = None
+    open_requests: int = 0
 
 
 class MemoryStore:
@@ -63,6 +78,7 @@ class MemoryStore:
         self._propensity: dict[int, Counter[str]] = {}
         """Estimator counters per day of finalisation (see ``propensity.history``)."""
         self._curves: dict[int, tuple[float, ...]] = {}
+        self._parts: dict[int, _Partition] = {}
 
     def check_layout(self) -> None:
         return None
@@ -178,9 +194,10 @@ class MemoryStore:
         return [DueRequest(shard, rid) for _, shard, rid in ready[:limit]]
 
     def open_requests(self, watermark_ms: int) -> tuple[int, int]:
-        with self._lock:
-            deadlines = [d for d, _ in self._deadline.values()]
-        return len(deadlines), sum(d <= watermark_ms for d in deadlines)
+        """Open requests as of each partition's last checkpoint, and how many are due:
+        none, since a partition finalises what its event time makes due in the same
+        checkpoint."""
+        return self.open_count(), 0
 
     def load(self, due: Sequence[DueRequest]) -> tuple[list[OpenRequest], dict[str, UserContext]]:
         requests: list[OpenRequest] = []
@@ -208,7 +225,6 @@ class MemoryStore:
         )
 
     def commit(self, finalised: Finalised, prune_loose_before_ms: int | None = None) -> int:
-        layout = self.layout
         applied = late = 0
         observed: dict[int, list[Observation]] = {}
         with self._lock:
@@ -236,33 +252,96 @@ class MemoryStore:
                         for k, v in user.loose.items()
                         if v.timestamp_ms >= prune_loose_before_ms
                     }
-                local = int(finalised.user_bucket[i]) // layout.shards
-                cohort = int(finalised.cohort[i])
-                for window in layout.windows_ms:
-                    start = int(layout.bucket_start(window, finalised.deadline_ms[i : i + 1])[0])
-                    key = (window, start, request.variant, shard)
-                    block = self._blocks.get(key)
-                    if block is None:
-                        block = self._blocks[key] = np.zeros(layout.block_shape)
-                    block[cohort, local] += finalised.rows[i]
-                    for k in layout.ks:
-                        key = (window, start, request.variant, k)
-                        self._items.setdefault(key, set()).update(request.items[:k])
-                    if window == max(layout.windows_ms):
-                        key = (window, start, "*", 0)
-                        self._items.setdefault(key, set()).update(request.items)
-                if finalised.observations:
-                    day = counter_day(int(finalised.deadline_ms[i]))
-                    observed.setdefault(day, []).append(finalised.observations[i])
+                self._aggregate(finalised, i, shard, observed)
                 applied += 1
             self._counters["finalised"] += applied
             if late:
                 self._counters["late"] += late
                 finalised.late += late
-            for day, mine in observed.items():  # counters of exactly the requests claimed here
-                counts = self._propensity.setdefault(day, Counter())
-                counts.update(increments(mine, finalised.propensity_positions))
+            self._add_propensity(observed, finalised.propensity_positions)
         return applied
+
+    def _add_propensity(self, observed: dict[int, list[Observation]], positions: int) -> None:
+        for day, mine in observed.items():  # counters of exactly the requests claimed here
+            counts = self._propensity.setdefault(day, Counter())
+            counts.update(increments(mine, positions))
+
+    def _aggregate(
+        self, finalised: Finalised, i: int, shard: int, observed: dict[int, list[Observation]]
+    ) -> None:
+        """Add request ``i``'s row to its window blocks (in ``shard``), its items to the
+        coverage sets and its observation to ``observed`` (by day)."""
+        layout = self.layout
+        request = finalised.requests[i]
+        local = int(finalised.user_bucket[i]) // layout.shards
+        cohort = int(finalised.cohort[i])
+        for window in layout.windows_ms:
+            start = int(layout.bucket_start(window, finalised.deadline_ms[i : i + 1])[0])
+            key = (window, start, request.variant, shard)
+            block = self._blocks.get(key)
+            if block is None:
+                block = self._blocks[key] = np.zeros(layout.block_shape)
+            block[cohort, local] += finalised.rows[i]
+            for k in layout.ks:
+                key = (window, start, request.variant, k)
+                self._items.setdefault(key, set()).update(request.items[:k])
+            if window == max(layout.windows_ms):
+                key = (window, start, "*", 0)
+                self._items.setdefault(key, set()).update(request.items)
+        if finalised.observations:
+            day = counter_day(int(finalised.deadline_ms[i]))
+            observed.setdefault(day, []).append(finalised.observations[i])
+
+    def claim(self, partition: int) -> Checkpoint:
+        with self._lock:
+            part = self._parts.setdefault(partition, _Partition())
+            part.epoch += 1
+            return Checkpoint(
+                part.epoch,
+                part.seq,
+                list(part.fields.items()),
+                dict(part.offsets),
+                dict(part.times),
+                part.watermark_ms,
+            )
+
+    def checkpoint(self, partition: int, epoch: int, seq: int, delta: Delta) -> Outcome:
+        with self._lock:
+            part = self._parts.setdefault(partition, _Partition())
+            if part.epoch > epoch:
+                return Outcome.FENCED
+            if part.epoch < epoch or part.seq != seq:
+                return Outcome.STALE
+            part.seq += 1
+            for key, value in delta.changes.items():
+                if value is None:
+                    part.fields.pop(key, None)
+                else:
+                    part.fields[key] = value
+            part.offsets.update(delta.offsets)
+            part.times.update(delta.times)
+            if delta.watermark_ms is not None:
+                part.watermark_ms = delta.watermark_ms
+            if delta.readout_ms is not None:
+                part.readout_ms = delta.readout_ms
+            part.open_requests = delta.open_requests
+            self._counters.update({k: v for k, v in delta.counters.items() if v})
+            observed: dict[int, list[Observation]] = {}
+            for done in delta.finalised:
+                for i in range(len(done.requests)):
+                    self._aggregate(done, i, partition, observed)
+                self._add_propensity(observed, done.propensity_positions)
+                observed = {}
+            return Outcome.WRITTEN
+
+    def frontier(self) -> int | None:
+        with self._lock:
+            marks = [p.readout_ms for p in self._parts.values() if p.readout_ms is not None]
+        return max(marks) if marks else None
+
+    def open_count(self) -> int:
+        with self._lock:
+            return sum(p.open_requests for p in self._parts.values())
 
     def blocks(
         self, window_ms: int, since_ms: int | None = None, until_ms: int | None = None

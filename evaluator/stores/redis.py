@@ -31,6 +31,7 @@ from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
 from evaluator.config import ConfigError
+from evaluator.engine.checkpoint import Checkpoint, Delta, Outcome
 from evaluator.events import ImpressionBatch, InteractionBatch
 from evaluator.finalise import Finalised, OpenRequest, UserContext
 from evaluator.propensity_estimation import (
@@ -45,7 +46,7 @@ from evaluator.stores.redis_codec import decode_context, decode_request, ingest_
 from evaluator.stores.redis_sketches import CoverageSketches
 from evaluator.windows import AggregateLayout
 
-SCRIPTS = ("ingest", "load", "commit", "progress")
+SCRIPTS = ("ingest", "load", "commit", "progress", "checkpoint")
 MARKER_PERIOD_MS = 6 * 3_600_000
 """Finalised markers are kept in one hash per period of the requests' deadlines (each
 expires ``finalised_ttl`` after its last write): an interaction naming a request that is
@@ -54,6 +55,8 @@ PENDING_EPOCH_MS = 2 * DAY_MS
 """Interactions naming a request wait in one hash per epoch of their own event time;
 finalisation reads the request's epoch and the two beside it. A constant, not a
 setting: changing it would strand the interactions already waiting."""
+STATE_SCAN = 10_000
+"""Changelog fields read per HSCAN call when a new owner loads a partition."""
 MAX_LUA_VALUES = 7000
 """Redis' Lua unpacks at most ~8000 values at once; a block must stay below that."""
 
@@ -273,12 +276,10 @@ class RedisStore:
         return found[:limit]
 
     def open_requests(self, watermark_ms: int) -> tuple[int, int]:
-        pipe = self.client.pipeline(transaction=False)
-        for shard in range(self.layout.shards):
-            pipe.zcard(self.tag(shard) + "dl")
-            pipe.zcount(self.tag(shard) + "dl", "-inf", watermark_ms)
-        replies = [int(n) for n in pipe.execute()]
-        return sum(replies[0::2]), sum(replies[1::2])
+        """Open requests as of each partition's last checkpoint, and how many are due:
+        none, since a partition finalises what its event time makes due in the same
+        checkpoint."""
+        return self.open_count(), 0
 
     def load(self, due: Sequence[DueRequest]) -> tuple[list[OpenRequest], dict[str, UserContext]]:
         by_shard: dict[int, list[str]] = defaultdict(list)
@@ -348,6 +349,99 @@ class RedisStore:
                         retry[shard] = keep
             pending = retry
         return applied
+
+    def claim(self, partition: int) -> Checkpoint:
+        meta = self.tag(partition) + "pm"
+        epoch = int(self.client.hincrby(meta, "epoch", 1))
+        raw = {text(k): text(v) for k, v in self.client.hgetall(meta).items()}
+        fields: list[tuple[str, bytes]] = []
+        cursor = 0
+        state = self.tag(partition) + "state"
+        while True:
+            cursor, chunk = cast(
+                "tuple[int, dict[bytes, bytes]]", self.client.hscan(state, cursor, count=STATE_SCAN)
+            )
+            fields += [(text(k), v) for k, v in chunk.items()]
+            if not int(cursor):
+                break
+        return Checkpoint(
+            epoch,
+            int(raw.get("seq", 0)),
+            fields,
+            {k[2:]: int(v) for k, v in raw.items() if k.startswith("o:")},
+            {k[2:]: int(v) for k, v in raw.items() if k.startswith("t:")},
+            int(raw["wm"]) if raw.get("wm") else None,
+        )
+
+    def checkpoint(self, partition: int, epoch: int, seq: int, delta: Delta) -> Outcome:
+        tag = self.tag(partition)
+        for done in delta.finalised:  # sets: a retry or a fenced write adds nothing twice
+            self._sketches.add(done)
+        blocks: list[Any] = []
+        increments: list[bytes] = []
+        propensity: list[Any] = []
+        variants: set[str] = set()
+        for done in delta.finalised:
+            rows = np.arange(len(done.requests))
+            _, found, incs = block_increments(done, rows, self.layout)
+            blocks += found
+            increments.append(incs)
+            propensity += propensity_increments(done, rows)
+            variants.update(r.variant for r in done.requests)
+        written = [x for k, v in delta.changes.items() if v is not None for x in (k, v)]
+        deleted = [k for k, v in delta.changes.items() if v is None]
+        meta: list[Any] = []
+        for name, offset in delta.offsets.items():
+            meta += [f"o:{name}", offset]
+        for name, t in delta.times.items():
+            meta += [f"t:{name}", t]
+        if delta.watermark_ms is not None:
+            meta += ["wm", delta.watermark_ms]
+        if delta.readout_ms is not None:
+            meta += ["rt", delta.readout_ms]
+        meta += ["open", delta.open_requests]
+        counters = [x for k, v in delta.counters.items() if v for x in (k, v)]
+        payload: tuple[Any, ...] = (
+            [],
+            deleted,
+            meta,
+            counters,
+            blocks,
+            propensity,
+            sorted(variants),
+        )
+        pipe = self.client.pipeline(transaction=False)
+        self._call(
+            pipe,
+            "checkpoint",
+            tag + "pm",
+            [
+                tag,
+                epoch,
+                msgspec.msgpack.encode(payload),
+                int(np.prod(self.layout.block_shape)),
+                b"".join(increments),
+                self.propensity_history_ms,
+                seq,
+                *written,
+            ],
+        )
+        reply = int(self._execute(pipe)[0])
+        return Outcome.WRITTEN if reply == 1 else Outcome.FENCED if reply == 0 else Outcome.STALE
+
+    def _partition_meta(self) -> list[dict[str, str]]:
+        pipe = self.client.pipeline(transaction=False)
+        for shard in range(self.layout.shards):
+            pipe.hgetall(self.tag(shard) + "pm")
+        return [{text(k): text(v) for k, v in r.items()} for r in pipe.execute()]
+
+    def frontier(self) -> int | None:
+        marks = [int(m["rt"]) for m in self._partition_meta() if m.get("rt")]
+        return max(marks) if marks else None
+
+    def open_count(self) -> int:
+        """Open requests over every partition, as of each one's last checkpoint."""
+        return sum(int(m.get("open", 0)) for m in self._partition_meta())
 
     def distinct_items(
         self, window_ms: int, bucket_starts: Sequence[int], variants: Sequence[str]

@@ -72,3 +72,60 @@ local function epochs_around(times, length, before, after, prefix)
   end
   return list
 end
+-- add per-block increments (blocks: {suffix, bucket start, ttl s, window ms}; incs: the
+-- little-endian doubles of each block in turn) to the blocks of prefix `p`, recording
+-- each in its window's index (bi:) and change log (mod:, by a per-prefix version)
+local BLOCK_CHUNK = 4000  -- doubles unpacked at once (Lua's unpack limit is ~8000)
+local function add_block(key, incs, at, nblock, ttl)
+  local cur = redis.call('GET', key)
+  if not cur then  -- a new block is its increments, bytes as they are
+    redis.call('SET', key, string.sub(incs, at, at + nblock * 8 - 1), 'EX', ttl)
+    return
+  end
+  local parts = {}
+  for off = 0, nblock - 1, BLOCK_CHUNK do
+    local n = math.min(BLOCK_CHUNK, nblock - off)
+    local fmt = '<' .. string.rep('d', n)
+    local inc, vals = {struct.unpack(fmt, incs, at + off * 8)}, {struct.unpack(fmt, cur, 1 + off * 8)}
+    for j = 1, n do inc[j] = inc[j] + vals[j] end
+    parts[#parts + 1] = struct.pack(fmt, unpack(inc, 1, n))
+  end
+  redis.call('SET', key, table.concat(parts), 'EX', ttl)
+end
+local function add_blocks(p, blocks, incs, nblock)
+  local version = redis.call('INCR', p .. 'ver')
+  local oldest = {}
+  for i, b in ipairs(blocks) do
+    add_block(p .. 'b:' .. b[1], incs, (i - 1) * nblock * 8 + 1, nblock, b[3])
+    redis.call('ZADD', p .. 'bi:' .. b[4], b[2], b[1])
+    redis.call('ZADD', p .. 'mod:' .. b[4], version, b[1])
+    local cutoff = b[2] - 2 * b[4]
+    if not oldest[b[4]] or cutoff < oldest[b[4]] then oldest[b[4]] = cutoff end
+  end
+  -- forget blocks that fell far out of their window (their keys expire by TTL)
+  for window, cutoff in pairs(oldest) do
+    local index = p .. 'bi:' .. window
+    local gone = redis.call('ZRANGEBYSCORE', index, '-inf', '(' .. cutoff, 'LIMIT', 0, 1000)
+    if #gone > 0 then
+      redis.call('ZREM', p .. 'mod:' .. window, unpack(gone))
+      redis.call('ZREM', index, unpack(gone))
+    end
+  end
+end
+-- add the propensity estimators' counters ({day, {field, increment, ...}, ...}) of
+-- prefix `p`, dropping days older than `history` ms before the newest
+local function add_propensity(p, ps, history)
+  local days = p .. 'psd'
+  for i = 1, #ps, 2 do
+    local key, incs = p .. 'ps:' .. ps[i], ps[i + 1]
+    for j = 1, #incs, 2 do redis.call('HINCRBY', key, incs[j], incs[j + 1]) end
+    redis.call('EXPIRE', key, math.floor(history / 1000) + 86400)
+    redis.call('ZADD', days, tonumber(ps[i]), ps[i])
+  end
+  local newest = tonumber(redis.call('ZRANGE', days, -1, -1, 'WITHSCORES')[2])
+  local first_day = newest - math.floor((history - 1) / 86400000) * 86400000
+  local gone = redis.call('ZRANGEBYSCORE', days, '-inf', '(' .. first_day)
+  for _, day in ipairs(gone) do redis.call('DEL', p .. 'ps:' .. day) end
+  redis.call('ZREMRANGEBYSCORE', days, '-inf', '(' .. first_day)
+  redis.call('EXPIRE', days, math.floor(history / 1000) + 86400)
+end

@@ -1,0 +1,33 @@
+-- One partition's checkpoint after a batch, atomically and only for its current owner:
+-- the changelog delta of its join state, its offsets and event time, its exactly-once
+-- counters and the window-aggregate increments of the requests it finalised.
+-- KEYS[1] = <tag>pm (partition meta: epoch, offsets, event times)
+-- ARGV[1] = key prefix with tag   ARGV[2] = the writer's epoch
+-- ARGV[3] = msgpack {{}, {deleted field, ...}, {meta field, value, ...},
+--           {counter, increment, ...}, {block suffix, bucket start, ttl s, window ms}...,
+--           {day, {propensity field, increment, ...}, ...}, {variant, ...}}
+-- ARGV[4] = doubles per block   ARGV[5] = the blocks' increments (little-endian doubles,
+--           one block after another)   ARGV[6] = propensity history ms
+-- ARGV[7] = checkpoints the writer has written (seq): this one must follow it
+-- ARGV[8...] = changelog fields written: field, value, ... (raw bytes: not in msgpack)
+-- Returns 1 when written; otherwise writes nothing and returns 0 when a newer owner has
+-- claimed the partition, -1 when the stored copy is not the writer's last (lost writes).
+local p = ARGV[1]
+local meta = redis.call('HMGET', KEYS[1], 'epoch', 'seq')
+local epoch, mine = tonumber(meta[1]) or 0, tonumber(ARGV[2])
+if epoch > mine then return 0 end
+if epoch < mine or (tonumber(meta[2]) or 0) ~= tonumber(ARGV[7]) then return -1 end
+redis.call('HSET', KEYS[1], 'seq', tonumber(ARGV[7]) + 1)
+local data = cmsgpack.unpack(ARGV[3])
+local state = p .. 'state'
+local written = {}
+for i = 8, #ARGV do written[#written + 1] = ARGV[i] end
+chunked('HSET', state, written)
+chunked('HDEL', state, data[2])
+chunked('HSET', KEYS[1], data[3])
+local counters = data[4]
+for i = 1, #counters, 2 do redis.call('HINCRBY', p .. 'c', counters[i], counters[i + 1]) end
+if #data[5] > 0 then add_blocks(p, data[5], ARGV[5], tonumber(ARGV[4])) end
+if #data[6] > 0 then add_propensity(p, data[6], tonumber(ARGV[6])) end
+for _, variant in ipairs(data[7]) do redis.call('SADD', p .. 'vars', variant) end
+return 1

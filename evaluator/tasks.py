@@ -1,0 +1,238 @@
+"""Partition tasks: the live path from polled batches to checkpoints.
+
+One :class:`~evaluator.engine.partition.PartitionEngine` per owned partition
+number (a user's impressions and interactions share it). Per poll, each owned
+partition decodes its batches, joins and finalises in memory, then writes one
+atomic checkpoint (changelog delta, offsets, event time, counters, aggregate
+increments) that the store accepts only from the partition's current owner. A
+stale owner (fenced) drops the partition; its records are the new owner's to
+process from the checkpointed offsets, so nothing is lost or counted twice.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+
+from evaluator.config import Settings
+from evaluator.curves import BucketCurves
+from evaluator.engine.checkpoint import Delta, Outcome
+from evaluator.engine.partition import EngineConfig, PartitionEngine
+from evaluator.engine.state import PartitionState
+from evaluator.events import decode_impressions, decode_interactions
+from evaluator.pipeline import PartitionBatch, PipelineStats, Rejected, wall_clock_ms
+from evaluator.stores.base import StateStore
+
+log = logging.getLogger(__name__)
+
+
+def engine_config(settings: Settings, partitions: int | None = None) -> EngineConfig:
+    """The engine's settings, as plain values."""
+    return EngineConfig(
+        settings.finalise_config(partitions=partitions),
+        max_out_of_orderness_ms=settings.event_time.ms("max_out_of_orderness"),
+        idle_timeout_ms=settings.event_time.ms("idle_timeout"),
+        history_cap=settings.cold_start.min_relevant_history,
+        attribute=settings.metrics.diversity_attribute,
+        finalised_ttl_ms=settings.redis.ttl_s("finalised_ttl") * 1000,
+    )
+
+
+@dataclass(slots=True)
+class Owned:
+    """An owned partition: its engine and the epoch its checkpoints carry."""
+
+    engine: PartitionEngine
+    epoch: int
+    seq: int
+    """Checkpoints written so far (the store refuses a write that does not follow it)."""
+    offsets: dict[str, int] = field(default_factory=dict)
+    """Input -> next offset to consume, as of the last checkpoint."""
+    written_watermark_ms: int | None = None
+
+
+def partition_number(name: str) -> int:
+    return int(name.rsplit(":", 1)[1])
+
+
+class Tasks:
+    """The partitions this process owns (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: StateStore,
+        settings: Settings,
+        partitions: int,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.partitions = partitions
+        self.config = engine_config(settings, partitions)
+        self.clock_ms = clock_ms
+        self.stats = PipelineStats()
+        self.owned: dict[int, Owned] = {}
+        self.curves = BucketCurves(store, settings, lambda: self.stats.finalised, partitions)
+        self.profile = settings.relevance.active()
+        self.max_list_length = settings.events.max_list_length
+
+    # --- ownership --------------------------------------------------------------
+
+    def assign(self, partitions: Collection[int]) -> dict[int, dict[str, int]]:
+        """Claim partitions (fencing earlier owners) and load their state; returns each
+        one's stored offsets, where consumption must resume."""
+        resume: dict[int, dict[str, int]] = {}
+        for p in sorted(partitions):
+            started = time.perf_counter()
+            stored = self.store.claim(p)
+            state = PartitionState.restore(
+                stored.fields, self.config.finalise.deadline, self.config.history_cap
+            )
+            engine = PartitionEngine(p, self.config, state, stored.watermark_ms, stored.times)
+            self.owned[p] = Owned(
+                engine, stored.epoch, stored.seq, dict(stored.offsets), stored.watermark_ms
+            )
+            resume[p] = dict(stored.offsets)
+            log.info(
+                "partition %d: epoch %d, %d open requests loaded in %.2fs, resuming at %s",
+                p,
+                stored.epoch,
+                engine.open_requests(),
+                time.perf_counter() - started,
+                stored.offsets or "the committed or reset offsets",
+            )
+        return resume
+
+    def revoke(self, partitions: Collection[int]) -> None:
+        for p in partitions:
+            if self.owned.pop(p, None) is not None:
+                log.info("partition %d released", p)
+
+    def watermark(self) -> int | None:
+        """The smallest watermark of the owned partitions (this process's event time)."""
+        marks = [o.engine.watermark_ms for o in self.owned.values()]
+        known = [m for m in marks if m is not None]
+        return min(known) if known else None
+
+    # --- processing -------------------------------------------------------------
+
+    def apply(
+        self,
+        batches: Sequence[PartitionBatch],
+        caught_up: Collection[str],
+        dead_letter: Callable[[list[Rejected]], None] = lambda rejected: None,
+    ) -> tuple[list[int], list[int]]:
+        """Join, finalise and checkpoint every owned partition (those without new
+        records too: their event time may advance by idleness). ``caught_up``: inputs
+        (``impressions:3``) consumed to their end offset. Invalid messages go to
+        ``dead_letter`` before the checkpoint that moves past them. Returns the
+        partitions lost to a newer owner (fenced) and those whose stored state went
+        back (Redis lost writes): the caller reloads those with :meth:`assign`."""
+        started = time.perf_counter()
+        now = self.clock_ms()
+        grouped: dict[int, list[PartitionBatch]] = defaultdict(list)
+        for batch in batches:
+            grouped[partition_number(batch.partition)].append(batch)
+        fenced: list[int] = []
+        stale: list[int] = []
+        for p, owned in list(self.owned.items()):
+            mine = grouped.get(p, [])
+            rejected = self._ingest(owned, mine, caught_up, now)
+            if rejected:
+                dead_letter(rejected)
+            outcome = self._checkpoint(p, owned, bool(mine))
+            if outcome is Outcome.FENCED:
+                fenced.append(p)
+            elif outcome is Outcome.STALE:
+                stale.append(p)
+        self.stats.latency.observe(time.perf_counter() - started)
+        return fenced, stale
+
+    def _ingest(
+        self,
+        owned: Owned,
+        batches: list[PartitionBatch],
+        caught_up: Collection[str],
+        now: int,
+    ) -> list[Rejected]:
+        """Feed one partition's new records to its engine and advance its event time."""
+        engine = owned.engine
+        rejected: list[Rejected] = []
+        latest: dict[str, int | None] = {}
+        for batch in batches:
+            if batch.offsets is None or not batch.payloads:
+                continue
+            # records before the checkpointed offset were applied already
+            first = bisect.bisect_left(batch.offsets, owned.offsets.get(batch.kind, 0))
+            if first == len(batch.payloads):
+                continue
+            payloads = batch.payloads[first:]
+            self.stats.consumed[batch.kind] += len(payloads)
+            times: list[int]
+            if batch.kind == "impressions":
+                imps, bad = decode_impressions(payloads, self.max_list_length)
+                engine.ingest(imps, _NO_INTERACTIONS)
+                times = imps.timestamp_ms
+            else:
+                ints, bad = decode_interactions(payloads, self.profile)
+                engine.ingest(_NO_IMPRESSIONS, ints)
+                times = ints.timestamp_ms
+            for invalid in bad:
+                self.stats.invalid[invalid.reason.value] += 1
+                at = first + invalid.index
+                rejected.append(
+                    Rejected(
+                        batch.kind, batch.partition, batch.offset(at), batch.payloads[at], invalid
+                    )
+                )
+            if times:
+                latest[batch.kind] = max(times)
+            owned.offsets[batch.kind] = batch.offsets[-1] + 1
+        p = engine.partition
+        for name in self.config.inputs:
+            engine.observe(name, latest.get(name), f"{name}:{p}" in caught_up, now)
+        engine.advance(now)
+        return rejected
+
+    def _checkpoint(self, p: int, owned: Owned, consumed: bool) -> Outcome:
+        """Finalise what is due and write the partition's checkpoint (skipped when
+        nothing changed)."""
+        engine = owned.engine
+        done = engine.finalise_due(self.curves.group)
+        changes, counts = engine.take()
+        moved = engine.watermark_ms != owned.written_watermark_ms
+        if not (consumed or changes or done or counts.duplicates or counts.late or moved):
+            return Outcome.WRITTEN
+        delta = Delta(
+            changes,
+            {"finalised": counts.finalised, "duplicates": counts.duplicates, "late": counts.late},
+            dict(owned.offsets),
+            engine.input_times(),
+            engine.watermark_ms,
+            engine.open_requests(),
+            engine.readout_ms(),
+            done,
+        )
+        outcome = self.store.checkpoint(p, owned.epoch, owned.seq, delta)
+        if outcome is not Outcome.WRITTEN:
+            self.owned.pop(p, None)
+            if outcome is Outcome.FENCED:
+                log.warning("partition %d: claimed by a newer owner; dropping it", p)
+            else:
+                log.warning("partition %d: the stored state went back (lost writes?); reloading", p)
+            return outcome
+        owned.seq += 1
+        owned.written_watermark_ms = engine.watermark_ms
+        self.stats.finalised += counts.finalised
+        self.stats.duplicates += counts.duplicates
+        self.stats.late += counts.late
+        self.stats.outcomes.update(counts.outcomes)
+        return outcome
+
+
+_NO_IMPRESSIONS = decode_impressions([])[0]
+_NO_INTERACTIONS = decode_interactions([], Settings().relevance.active())[0]
