@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +36,12 @@ class LiveEnv:
     partitions: int = 4
     cluster: bool = False
     """``redis_url`` names a Redis Cluster node."""
+    overrides: dict[str, str | None] = field(default_factory=dict)
+    """Environment settings replaced (None: removed, so the default applies)."""
 
     @property
     def environ(self) -> dict[str, str]:
-        return {
+        base = {
             "EVALUATOR_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
             "EVALUATOR_KAFKA__IMPRESSIONS_TOPIC": f"{self.name}-impressions",
             "EVALUATOR_KAFKA__INTERACTIONS_TOPIC": f"{self.name}-interactions",
@@ -54,6 +56,8 @@ class LiveEnv:
             "EVALUATOR_PROPENSITY__ESTIMATOR": "em",
             "EVALUATOR_REDIS__CLUSTER": "true" if self.cluster else "false",
         }
+        base.update({k: v for k, v in self.overrides.items() if v is not None})
+        return {k: v for k, v in base.items() if self.overrides.get(k, "") is not None}
 
     def settings(self) -> Settings:
         return load_settings(environ=self.environ)
@@ -97,8 +101,21 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def new_env(bootstrap: str, redis_url: str, cluster: bool = False) -> LiveEnv:
-    env = LiveEnv(bootstrap, redis_url, f"e2e-{uuid.uuid4().hex[:8]}", cluster=cluster)
+def new_env(
+    bootstrap: str,
+    redis_url: str,
+    cluster: bool = False,
+    partitions: int = 4,
+    overrides: dict[str, str | None] | None = None,
+) -> LiveEnv:
+    env = LiveEnv(
+        bootstrap,
+        redis_url,
+        f"e2e-{uuid.uuid4().hex[:8]}",
+        partitions=partitions,
+        cluster=cluster,
+        overrides=overrides or {},
+    )
     env.create_topics()
     return env
 
@@ -128,6 +145,29 @@ def stream(events: list[tuple[str, dict[str, Any]]], seed: int) -> list[tuple[st
 
 def to_payloads(items: list[tuple[str, dict[str, Any]]], kind: str) -> list[tuple[str, bytes]]:
     return [(e.get("user_id", "?"), json.dumps(e).encode()) for k, e in items if k == kind]
+
+
+def produce_paced(
+    env: LiveEnv, ordered: list[tuple[str, dict[str, Any]]], rate: float
+) -> threading.Thread:
+    """Produce events in the given order at ``rate`` events/s (keyed by user), in a
+    background thread; returns the started thread."""
+
+    def send() -> None:
+        producer = KafkaProducer(bootstrap_servers=env.bootstrap, acks="all", linger_ms=5)
+        started = time.monotonic()
+        for n, (kind, e) in enumerate(ordered):
+            ahead = n / rate - (time.monotonic() - started)
+            if ahead > 0:
+                time.sleep(ahead)  # pacing the producer, not waiting for a condition
+            key = e.get("user_id", "?").encode()
+            producer.send(f"{env.name}-{kind}", key=key, value=json.dumps(e).encode())
+        producer.flush()
+        producer.close()
+
+    thread = threading.Thread(target=send, name="producer", daemon=True)
+    thread.start()
+    return thread
 
 
 def stop(procs: Iterable[subprocess.Popen[bytes]]) -> None:

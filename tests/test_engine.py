@@ -145,3 +145,16 @@ def test_watermark_waits_for_every_busy_input() -> None:
     assert engine.advance(69_000) == 95_000
     # all idle: the partition follows the wall clock (past its largest event time)
     assert engine.advance(200_000) == 195_000
+
+
+def test_an_input_keeping_up_with_a_live_producer_is_not_idle() -> None:
+    """At the end offset after every poll, but delivering: busy, so the watermark
+    follows the data, never the wall clock."""
+    settings = load_settings(environ={})
+    engine = PartitionEngine(0, engine_config(settings))
+    for second in range(0, 120):
+        now = 5_000_000 + second * 1_000  # the wall clock runs ahead of the data
+        t = 1_000_000 + second * 1_000
+        engine.observe("impressions", t, caught_up=True, now_ms=now)
+        engine.observe("interactions", t, caught_up=True, now_ms=now)
+        assert engine.advance(now) == t - 5_000

@@ -84,28 +84,38 @@ def produce_events(env, events: EventSet, seed: int, invalid: bool = True) -> No
 
 
 def finish(
-    env, events: EventSet, late: list[dict[str, Any]], procs, tmp_path, *, before_stop=None
+    env,
+    events: EventSet,
+    late: list[dict[str, Any]],
+    procs,
+    tmp_path,
+    *,
+    before_stop=None,
+    timeout: float = 120,
 ) -> None:
-    """Wait for every request to finalise, send the late events, compare with replay."""
+    """Wait for every request to finalise, send the late events, compare with replay
+    (the evaluators are stopped whatever happens)."""
     store = env.store()
-    want = expected_requests(events)
-    wait_until(
-        lambda: store.counters().get("finalised", 0) >= want,
-        120,
-        f"{want} requests are finalised",
-        procs,
-    )
-    env.produce("interactions", [(it["user_id"], json.dumps(it).encode()) for it in late])
-    distinct_late = len({it["event_id"] for it in late})
-    wait_until(
-        lambda: store.counters().get("late", 0) >= distinct_late,
-        60,
-        f"{distinct_late} late interactions are counted",
-        procs,
-    )
-    if before_stop is not None:
-        before_stop()
-    stop(procs)
+    try:
+        want = expected_requests(events)
+        wait_until(
+            lambda: store.counters().get("finalised", 0) >= want,
+            timeout,
+            f"{want} requests are finalised",
+            procs,
+        )
+        env.produce("interactions", [(it["user_id"], json.dumps(it).encode()) for it in late])
+        distinct_late = len({it["event_id"] for it in late})
+        wait_until(
+            lambda: store.counters().get("late", 0) >= distinct_late,
+            60,
+            f"{distinct_late} late interactions are counted",
+            procs,
+        )
+        if before_stop is not None:
+            before_stop()
+    finally:
+        stop(procs)
     assert store.counters()["finalised"] == want
     assert store.counters()["late"] == distinct_late
     # the only allowed difference: late interactions are counted, not applied, so the

@@ -23,7 +23,8 @@ log = logging.getLogger("evaluator.run")
 
 MAX_BACKOFF_S = 30.0
 ASSIGNMENT_TIMEOUT_S = 30.0
-"""Rejoin the group when a rebalance produced no assignment for this long (a stall)."""
+"""Rejoin the group when a rebalance produced no assignment for this long (a stall), or
+for twice the session timeout if longer: a rebalance waits that long for a dead member."""
 
 
 def build_store(settings: Settings, partitions: int | None = None) -> RedisStore:
@@ -150,14 +151,13 @@ def _loop(source: KafkaSource, tasks: Tasks, health: _Health, stop: threading.Ev
     partitions from their checkpoints and consumes again from there."""
     next_lag = 0.0
     delay = 0.5
+    session_s = parse_duration_ms(source.settings.session_timeout) / 1000.0
+    stall_s = max(ASSIGNMENT_TIMEOUT_S, 2 * session_s)
     while not stop.is_set():
         health.beat = time.monotonic()
         waiting = source.awaiting_since
-        if waiting is not None and health.beat - waiting > ASSIGNMENT_TIMEOUT_S:
-            log.warning(
-                "rebalance without an assignment for %.0fs: rejoining the group",
-                ASSIGNMENT_TIMEOUT_S,
-            )
+        if waiting is not None and health.beat - waiting > stall_s:
+            log.warning("rebalance without an assignment for %.0fs: rejoining the group", stall_s)
             source.subscribe()
             source.awaiting_since = health.beat
         batches = source.poll()

@@ -63,7 +63,8 @@ class InputClock:
 
     max_event_ms: int | None = None
     caught_up_since_ms: int | None = None
-    """Wall clock since when its owner has consumed it to the end offset; None: behind."""
+    """Wall clock since when its owner has been at the end offset with nothing new;
+    None: behind, or it delivered records in the last poll."""
 
 
 @dataclass(slots=True)
@@ -153,13 +154,16 @@ class PartitionEngine:
 
     def observe(self, name: str, max_event_ms: int | None, caught_up: bool, now_ms: int) -> None:
         """Progress of one input after a poll: the largest event time it delivered (None:
-        nothing new) and whether its owner has now consumed it to the end offset."""
+        nothing new) and whether its owner has now consumed it to the end offset. It
+        goes idle after ``idle_timeout`` at the end with nothing new."""
         clock = self.inputs.setdefault(name, InputClock())
         if max_event_ms is not None and (
             clock.max_event_ms is None or max_event_ms > clock.max_event_ms
         ):
             clock.max_event_ms = max_event_ms
-        if not caught_up:
+        if max_event_ms is not None or not caught_up:
+            # delivering, or behind: busy (a consumer keeping up with a live producer is
+            # at the end after most polls, and must not count as idle)
             clock.caught_up_since_ms = None
         elif clock.caught_up_since_ms is None:
             clock.caught_up_since_ms = now_ms

@@ -93,6 +93,8 @@ class KafkaSource:
         )
         self.awaiting_since: float | None = time.monotonic()
         """When the group started (re)balancing without an assignment yet; None when settled."""
+        self._ends: dict[TopicPartition, int] = {}
+        """End offsets found by the last :meth:`lag` call."""
         self._await_metadata(timeout_s=30.0)
         self._producer: KafkaProducer | None = None
 
@@ -144,6 +146,8 @@ class KafkaSource:
         names = set()
         for tp in self.consumer.assignment():
             high = self.consumer.highwater(tp)
+            if high is None:  # no fetch answered yet: the end offsets of the last lag check
+                high = self._ends.get(tp)
             if high is not None and self.consumer.position(tp) >= high:
                 names.add(self.name(tp))
         return names
@@ -247,6 +251,7 @@ class KafkaSource:
         if not assigned:
             return {}
         ends = self.consumer.end_offsets(assigned)
+        self._ends = dict(ends)
         return {self.name(tp): max(0, ends[tp] - self.consumer.position(tp)) for tp in assigned}
 
     def close(self) -> None:

@@ -130,12 +130,6 @@ class RedisStore:
         join_window_ms: int = -1,
         clock_skew_ms: int = 0,
     ) -> None:
-        block_values = int(np.prod(layout.block_shape))
-        if block_values > MAX_LUA_VALUES:
-            raise ValueError(
-                f"aggregate block of {block_values} values is too large for Redis Lua; "
-                "use more redis.shards or fewer windows.user_buckets"
-            )
         self.client = client
         self.layout = layout
         self.attribute = attribute

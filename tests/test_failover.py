@@ -1,0 +1,137 @@
+"""Exactly once under failover, against the real broker and Redis.
+
+Two ``evaluator run`` instances share a group on topics with 3 partitions keyed by
+user id; events are produced at 2,000 events/s while one instance dies (SIGKILL),
+is paused past its session timeout (a zombie), or never comes back. In every case
+the final aggregates equal ``evaluator replay`` on the same events exactly:
+requests, every nDCG and rate, cohorts, the late count and coverage.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.eventgen import EventSet, generate
+from tests.live import LiveEnv, new_env, produce_paced, stop, stream, wait_until
+from tests.test_live_kafka import finish
+
+pytestmark = pytest.mark.services
+
+RATE = 2_000.0
+"""Events per second produced while the instances consume."""
+DEFAULTS: dict[str, str | None] = {
+    "EVALUATOR_EVENT_TIME__IDLE_TIMEOUT": None,  # 30s
+    "EVALUATOR_KAFKA__SESSION_TIMEOUT": None,  # 45s
+}
+SHORT_IDLE: dict[str, str | None] = {
+    "EVALUATOR_EVENT_TIME__IDLE_TIMEOUT": "2s",
+    "EVALUATOR_KAFKA__SESSION_TIMEOUT": "10s",
+}
+
+
+def dataset(seed: int, env: LiveEnv) -> tuple[EventSet, list[dict[str, Any]]]:
+    """About 8,000 events of 300 users (out of order, duplicated, joined by request and
+    by user), and the request-id interactions later than their request's deadline,
+    held back to be sent once everything else is final."""
+    events = generate(seed, requests=3_000, users=300, catalog=3_000)
+    shown = {e["request_id"]: e["timestamp"] for e in events.impressions}
+    config = env.settings().finalise_config()
+    late = [
+        it
+        for it in events.interactions
+        if "request_id" in it and it["timestamp"] > config.deadline(shown[it["request_id"]])
+    ]
+    held = {id(it) for it in late}
+    events.interactions = [it for it in events.interactions if id(it) not in held]
+    return events, late
+
+
+def ordered(events: EventSet, seed: int) -> list[tuple[str, dict[str, Any]]]:
+    return stream(
+        [("impressions", e) for e in events.impressions]
+        + [("interactions", e) for e in events.interactions],
+        seed,
+    )
+
+
+@pytest.fixture
+def started() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Every evaluator a test starts (stopped at teardown, whatever happened)."""
+    procs: list[subprocess.Popen[bytes]] = []
+    yield procs
+    stop(procs)
+
+
+def owns_partitions(log: Path) -> bool:
+    return log.exists() and "epoch" in log.read_text(errors="replace")
+
+
+@pytest.mark.parametrize("timeouts", [DEFAULTS, SHORT_IDLE], ids=["defaults", "short-idle"])
+def test_sigkill_with_a_backlog_and_restart_is_exact(
+    kafka_bootstrap, redis_url, tmp_path, started, timeouts
+) -> None:
+    env = new_env(kafka_bootstrap, redis_url, partitions=3, overrides=timeouts)
+    events, late = dataset(61, env)
+    logs = [tmp_path / "a.log", tmp_path / "b.log"]
+    procs = [env.start(logs[0]), env.start(logs[1])]
+    started += procs
+    wait_until(lambda: all(map(owns_partitions, logs)), 90, "both instances own partitions", procs)
+    producer = produce_paced(env, ordered(events, 61), RATE)
+    time.sleep(3.0)  # the kill lands 3 s into the stream, by design
+    procs[0].send_signal(signal.SIGKILL)
+    procs[0].wait()
+    procs[0] = env.start(tmp_path / "a2.log")  # restarted at once
+    started.append(procs[0])
+    producer.join()
+    finish(env, events, late, procs, tmp_path, timeout=240)
+
+
+def test_sigkill_without_restart_the_survivor_takes_over(
+    kafka_bootstrap, redis_url, tmp_path, started
+) -> None:
+    env = new_env(kafka_bootstrap, redis_url, partitions=3, overrides=SHORT_IDLE)
+    events, late = dataset(62, env)
+    logs = [tmp_path / "a.log", tmp_path / "b.log"]
+    procs = [env.start(logs[0]), env.start(logs[1])]
+    started += procs
+    wait_until(lambda: all(map(owns_partitions, logs)), 90, "both instances own partitions", procs)
+    producer = produce_paced(env, ordered(events, 62), RATE)
+    time.sleep(3.0)  # the kill lands 3 s into the stream, by design
+    procs[0].send_signal(signal.SIGKILL)
+    procs[0].wait()
+    producer.join()
+    finish(env, events, late, [procs[1]], tmp_path, timeout=240)
+    assert "partition" in logs[1].read_text()
+
+
+def test_a_zombie_owner_is_fenced(kafka_bootstrap, redis_url, tmp_path, started) -> None:
+    """SIGSTOP one instance past its session timeout while it holds a backlog: the group
+    moves its partitions to the other, which claims them. On SIGCONT the zombie's
+    writes are refused (it drops those partitions) and the results stay exact."""
+    env = new_env(kafka_bootstrap, redis_url, partitions=3, overrides=SHORT_IDLE)
+    events, late = dataset(63, env)
+    logs = [tmp_path / "a.log", tmp_path / "b.log"]
+    procs = [env.start(logs[0]), env.start(logs[1])]
+    started += procs
+    wait_until(lambda: all(map(owns_partitions, logs)), 90, "both instances own partitions", procs)
+    producer = produce_paced(env, ordered(events, 63), RATE)
+    time.sleep(2.0)  # the pause lands mid-stream, by design
+    procs[0].send_signal(signal.SIGSTOP)
+    # the other instance takes the zombie's partitions once its session has expired
+    claims = logs[1].read_text(errors="replace").count("epoch")
+    wait_until(
+        lambda: logs[1].read_text(errors="replace").count("epoch") > claims,
+        60,
+        "the survivor has claimed the paused instance's partitions",
+        [procs[1]],
+    )
+    producer.join()
+    procs[0].send_signal(signal.SIGCONT)
+    finish(env, events, late, procs, tmp_path, timeout=240)
