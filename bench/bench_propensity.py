@@ -1,7 +1,7 @@
 """Cost of propensity estimation: live pipeline events/s with and without it.
 
 The same simulated traffic (``evaluator simulate``'s generator) is processed by
-the live ``Pipeline`` on the embedded store, once with ``propensity.estimator =
+the live path (:class:`evaluator.tasks.Tasks`, one partition) on the embedded store, once with ``propensity.estimator =
 "none"`` and once with ``"em"`` plus ``model = "estimated"`` (counters at every
 finalisation and a curve per window bucket). Also times one EM fit on the
 accumulated counters. Run: ``.venv/bin/python bench/bench_propensity.py``.
@@ -13,11 +13,12 @@ import time
 
 from _common import machine, median_rate
 
+from evaluator.batches import PartitionBatch
 from evaluator.config import load_settings
-from evaluator.pipeline import PartitionBatch, Pipeline
 from evaluator.propensity_estimation import estimate
 from evaluator.simulate import SimulationConfig, Simulator
 from evaluator.stores.memory import MemoryStore
+from evaluator.tasks import Tasks
 
 REQUESTS = 20_000
 
@@ -25,23 +26,26 @@ REQUESTS = 20_000
 def batches() -> list[list[PartitionBatch]]:
     sim = Simulator(SimulationConfig(seed=2, requests_per_second=2))
     out = []
+    offsets = {"impressions": 0, "interactions": 0}
     for chunk in sim.chunks(REQUESTS, chunk=1000):
-        out.append(
-            [
-                PartitionBatch(kind, f"{kind}:0", [e.payload for e in chunk if e.kind == kind])
-                for kind in ("impressions", "interactions")
-            ]
-        )
+        polled = []
+        for kind in ("impressions", "interactions"):
+            payloads = [e.payload for e in chunk if e.kind == kind]
+            first = offsets[kind]
+            offsets[kind] += len(payloads)
+            polled.append(PartitionBatch(kind, f"{kind}:0", payloads, range(first, offsets[kind])))
+        out.append(polled)
     return out
 
 
 def run(polled: list[list[PartitionBatch]], overrides: dict[str, object]) -> MemoryStore:
     settings = load_settings(environ={}, overrides=overrides)
-    store = MemoryStore(settings.layout())
+    store = MemoryStore(settings.layout(1))
     clock = iter(range(0, 10**12, 1000))
-    pipeline = Pipeline(store, settings, clock_ms=lambda: next(clock))
+    tasks = Tasks(store, settings, 1, clock_ms=lambda: next(clock))
+    tasks.assign([0])
     for polled_batch in polled:
-        pipeline.process(polled_batch)
+        tasks.apply(polled_batch, ())
     return store
 
 

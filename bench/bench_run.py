@@ -7,11 +7,9 @@ Each repeat produces the same events to fresh topics (4 partitions each), then
 1. times a plain kafka-python consumer reading every message of both topics
    (no decoding): the ceiling;
 2. starts `python -m evaluator run` and times it from its first committed offset
-   until every offset is committed (state durable in Redis) and every request
-   the watermark has passed is finalised (the worker thread finalises after
-   storing each batch). A design that lets finalisation lag behind ingestion
-   must be measured over many more batches than the lag (e.g. --requests 300000),
-   or the run ends before the lag costs anything (BENCHMARKS.md, session 5).
+   until every offset is committed (each after its partition's checkpoint, state
+   durable in Redis) and the finalised count has settled (each checkpoint
+   finalises what its partition's event time made due).
 It also reports the CPU time per event of the plain consumer, the evaluator
 process and Redis over the same intervals: unlike rates, CPU time barely moves
 when the shared machine's neighbours steal time. And Redis memory per open
@@ -22,6 +20,7 @@ used_memory grows by that much per request.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -57,8 +56,8 @@ def produce(bootstrap: str, name: str, imps: list[bytes], ints: list[bytes]) -> 
     admin.close()
     producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=256_000, acks=1)
     for topic, payloads in ((f"{name}-impressions", imps), (f"{name}-interactions", ints)):
-        for p in payloads:
-            producer.send(topic, p)
+        for p in payloads:  # keyed by user: both topics co-partitioned, as the evaluator needs
+            producer.send(topic, p, key=json.loads(p)["user_id"].encode())
     producer.flush()
     producer.close()
 
@@ -115,8 +114,8 @@ def committed(admin: KafkaAdminClient, group: str) -> int:
     return sum(meta.offset for meta in offsets.values() if meta.offset > 0)
 
 
-SHARDS = 16
-"""redis.shards of the measured evaluator (the default)."""
+SHARDS = 4
+"""Partitions of the measured topics: one shard (hash tag) each."""
 SETTLE_S = 2.0
 """After the last offset commit, the run ends once no request was finalised for this long."""
 ESTIMATOR = "none"

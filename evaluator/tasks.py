@@ -18,13 +18,13 @@ from collections import defaultdict
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
+from evaluator.batches import PartitionBatch, PipelineStats, Rejected, wall_clock_ms
 from evaluator.config import Settings
 from evaluator.curves import BucketCurves
 from evaluator.engine.checkpoint import Delta, Outcome
 from evaluator.engine.partition import EngineConfig, PartitionEngine
 from evaluator.engine.state import PartitionState
 from evaluator.events import decode_impressions, decode_interactions
-from evaluator.pipeline import PartitionBatch, PipelineStats, Rejected, wall_clock_ms
 from evaluator.stores.base import StateStore
 
 log = logging.getLogger(__name__)

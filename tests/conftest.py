@@ -70,22 +70,16 @@ def make_store(request: pytest.FixtureRequest, key_prefix: str) -> Iterator:
 
     created = []
 
-    def build(layout, history_cap: int = 3, **options):
+    def build(layout, **options):
         if request.param == "memory":
-            store = MemoryStore(layout, history_cap, **options)
+            store = MemoryStore(layout, **options)
         else:
-            from evaluator.config import load_settings
             from evaluator.stores.redis import RedisStore, connect
 
             cluster = request.param == "redis-cluster"
             url = request.getfixturevalue("redis_cluster_url" if cluster else "redis_url")
             client = connect(url, cluster=cluster)
-            rules = load_settings(environ={}).join.rules()  # as evaluator run passes them
-            options.setdefault("join_window_ms", rules.attribution_window_ms)
-            options.setdefault("clock_skew_ms", rules.max_clock_skew_ms)
-            store = RedisStore(
-                client, layout, prefix=key_prefix, history_cap=history_cap, **options
-            )
+            store = RedisStore(client, layout, prefix=key_prefix, **options)
             store.check_layout()
         created.append(store)
         return store

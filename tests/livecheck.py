@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from evaluator.batches import PartitionBatch
 from evaluator.commands.replay import evaluate_files, load_events
 from evaluator.config import Settings
-from evaluator.pipeline import PartitionBatch
 from evaluator.propensity_estimation import increments
 from evaluator.replay import attribute, dedupe_impressions
 from evaluator.replay import observations as observations_of

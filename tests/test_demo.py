@@ -33,7 +33,7 @@ def _means(store: MemoryStore, settings) -> dict[str, dict[str, float]]:
 
 def test_demo_pipeline_recovers_the_ground_truth() -> None:
     settings = load_settings(environ={}, overrides=demo_tree({"http": {"port": 0}}))
-    store = MemoryStore(settings.layout(), settings.cold_start.min_relevant_history)
+    store = MemoryStore(settings.layout(1))
     # no pacing; 10 requests per second of event time, so most requests finalise
     sim = run_demo(settings, requests=DEMO_REQUESTS, requests_per_s=1e9, speed=1e8, store=store)
     truth = sim.truth.as_dict()["ndcg"]

@@ -1,7 +1,13 @@
-"""One contract for every state store (embedded and Redis), run against each."""
+"""One contract for every state store (embedded, Redis, Redis Cluster), run against each.
+
+A :class:`Driver` plays a partition's owner: it feeds the pure engine and writes its
+checkpoints to the store, and reloads the engine from the store (as a new owner
+would) before every step, so every join rule below also holds across restarts.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -9,11 +15,13 @@ import numpy as np
 import pytest
 
 from evaluator.config import load_settings
+from evaluator.engine.checkpoint import Delta, Outcome
+from evaluator.engine.partition import PartitionEngine, StepCounts
+from evaluator.engine.state import PartitionState
 from evaluator.events import decode_impressions, decode_interactions
-from evaluator.finalise import finalise
+from evaluator.finalise import FinaliseConfig, Finalised
 from evaluator.relevance import BUILTIN_PROFILES
-from evaluator.stores.base import PartitionProgress
-from evaluator.windows import shard_of
+from evaluator.tasks import engine_config
 
 SETTINGS = load_settings(environ={})
 CONFIG = SETTINGS.finalise_config()
@@ -47,55 +55,160 @@ def interactions(*rows: tuple[str, str, str, str | None, int, str]):
     return decode_interactions(payloads, BUILTIN_PROFILES["ecommerce"])[0]
 
 
-def ingest(store, imps, ints, late_before=-(2**62)):
-    deadlines = [CONFIG.deadline(ts) for ts in imps.timestamp_ms]
-    return store.ingest(imps, ints, deadlines, late_before)
+class Driver:
+    """One partition's owner on a store: engine steps, each followed by a checkpoint."""
+
+    def __init__(self, store, config: FinaliseConfig = CONFIG, partition: int = 0) -> None:
+        self.store, self.partition = store, partition
+        self.config = dataclasses.replace(engine_config(SETTINGS), finalise=config)
+        self.offsets = {"impressions": 0, "interactions": 0}
+        self.reload()
+
+    def reload(self) -> None:
+        """Claim the partition and rebuild the engine from what the store holds."""
+        stored = self.store.claim(self.partition)
+        self.epoch, self.seq = stored.epoch, stored.seq
+        state = PartitionState.restore(
+            stored.fields, self.config.finalise.deadline, self.config.history_cap
+        )
+        self.engine = PartitionEngine(
+            self.partition, self.config, state, stored.watermark_ms, stored.times
+        )
+
+    def write(self, done: list[Finalised]) -> StepCounts:
+        changes, counts = self.engine.take()
+        delta = Delta(
+            changes,
+            {"finalised": counts.finalised, "duplicates": counts.duplicates, "late": counts.late},
+            dict(self.offsets),
+            self.engine.input_times(),
+            self.engine.watermark_ms,
+            self.engine.open_requests(),
+            self.engine.watermark_ms,
+            done,
+        )
+        assert self.store.checkpoint(self.partition, self.epoch, self.seq, delta) is Outcome.WRITTEN
+        self.seq += 1
+        return counts
+
+    def ingest(self, imps, ints, late_before: int | None = None) -> StepCounts:
+        """Store events; ``late_before``: request-less interactions older than this are
+        late (the watermark is that far past the join horizon)."""
+        self.reload()
+        if late_before is not None:
+            self.engine.watermark_ms = late_before + self.config.horizon_ms
+        self.engine.ingest(imps, ints)
+        for name, times in (
+            ("impressions", imps.timestamp_ms),
+            ("interactions", ints.timestamp_ms),
+        ):
+            self.engine.observe(name, max(times) if times else None, caught_up=False, now_ms=0)
+        self.offsets["impressions"] += len(imps.events)
+        self.offsets["interactions"] += len(ints.events)
+        return self.write([])
+
+    def finalise(self, watermark: int) -> list[Finalised]:
+        """Finalise everything due at ``watermark``; returns what was finalised."""
+        self.reload()
+        self.engine.watermark_ms = max(self.engine.watermark_ms or watermark, watermark)
+        done = self.engine.finalise_due()
+        self.write(done)
+        return done
 
 
-def finalise_all(store, watermark: int) -> int:
-    due = store.due(watermark, 1000)
-    requests, users = store.load(due)
-    return store.commit(finalise(requests, users, CONFIG))
+def finalised(done: list[Finalised]) -> int:
+    return sum(len(d.requests) for d in done)
+
+
+def test_checkpoints_round_trip_and_fence_stale_owners(make_store) -> None:
+    store = make_store(SETTINGS.layout())
+    first = store.claim(2)
+    assert (first.epoch, first.seq, first.fields, first.offsets) == (1, 0, [], {})
+    delta = Delta(
+        {"r:a": b"1", "r:b": b"2"},
+        {"finalised": 3},
+        {"impressions": 7},
+        {"impressions": 90},
+        80,
+        2,
+        75,
+        [],
+    )
+    assert store.checkpoint(2, first.epoch, 0, delta) is Outcome.WRITTEN
+    gone = Delta({"r:a": None}, {}, {"impressions": 8}, {}, 81, 1, 76, [])
+    assert store.checkpoint(2, first.epoch, 1, gone) is Outcome.WRITTEN
+    second = store.claim(2)  # a new owner: the first is fenced from now on
+    assert second.epoch == 2 and second.seq == 2
+    assert sorted(second.fields) == [("r:b", b"2")]
+    assert (second.offsets, second.times, second.watermark_ms) == (
+        {"impressions": 8},
+        {"impressions": 90},
+        81,
+    )
+    stale = Delta({"r:z": b"9"}, {"finalised": 100}, {"impressions": 99}, {}, 99, 0, 99, [])
+    assert store.checkpoint(2, first.epoch, 2, stale) is Outcome.FENCED
+    assert store.checkpoint(2, second.epoch, 1, stale) is Outcome.STALE  # not its last write
+    assert store.checkpoint(2, second.epoch + 1, 2, stale) is Outcome.STALE  # a lost claim
+    third = store.claim(2)
+    assert sorted(third.fields) == [("r:b", b"2")] and third.offsets == {"impressions": 8}
+    assert store.counters()["finalised"] == 3
+    assert store.open_requests(0) == (1, 0)
+    assert store.frontier() == 76
+    assert (
+        store.checkpoint(5, store.claim(5).epoch, 0, Delta({}, {}, {}, {}, 50, 4, 50, []))
+        is Outcome.WRITTEN
+    )
+    assert store.open_requests(0) == (5, 0)
+    assert store.frontier() == 76  # the readout follows the furthest partition
 
 
 def test_ingest_is_idempotent_and_counts_duplicates(make_store) -> None:
     store = make_store(SETTINGS.layout())
     imps = impressions(("r1", "u1", 1_000, ["a", "b"]))
     ints = interactions(("i1", "u1", "b", "r1", 2_000, "click"))
-    assert ingest(store, imps, ints).duplicates == 0
-    assert ingest(store, imps, ints).duplicates == 2
-    assert store.due(CONFIG.deadline(1_000) - 1, 10) == []
-    due = store.due(CONFIG.deadline(1_000), 10)
-    assert [d.request_id for d in due] == ["r1"]
-    requests, users = store.load(due)
-    assert [(r.request_id, r.items, len(r.interactions)) for r in requests] == [
+    assert Driver(store).ingest(imps, ints).duplicates == 0
+    assert Driver(store).ingest(imps, ints).duplicates == 2
+    assert Driver(store).finalise(CONFIG.deadline(1_000) - 1) == []
+    owner = Driver(store)
+    assert owner.engine.state.users["u1"].history == [(2_000, "i1")]
+    done = owner.finalise(CONFIG.deadline(1_000))
+    assert [(r.request_id, r.items, len(r.interactions)) for r in done[0].requests] == [
         ("r1", ["a", "b"], 1)
     ]
-    assert users["u1"].history_ms == [2_000]
+    assert store.counters() == {"finalised": 1, "duplicates": 2}
+    assert Driver(store).finalise(10**15) == []  # finalised once, whoever owns it next
 
 
-def test_commit_claims_each_request_once(make_store) -> None:
+def test_finalised_rows_reach_the_window_blocks(make_store) -> None:
     store = make_store(SETTINGS.layout())
-    ingest(
-        store,
+    Driver(store).ingest(
         impressions(("r1", "u1", 1_000, ["a"]), ("r2", "u2", 1_000, ["a"])),
         interactions(("i1", "u1", "a", "r1", 1_500, "purchase")),
     )
-    due = store.due(CONFIG.deadline(1_000), 10)
-    requests, users = store.load(due)
-    done = finalise(requests, users, CONFIG)
-    assert store.commit(done) == 2
-    assert store.commit(done) == 0  # a racing instance, or a retry after a crash
-    assert store.due(10**15, 10) == []
+    assert finalised(Driver(store).finalise(CONFIG.deadline(1_000))) == 2
     assert store.counters()["finalised"] == 2
     blocks = store.blocks(max(SETTINGS.layout().windows_ms))
     assert sum(b[:, :, 0].sum() for b in blocks.values()) == 2  # two requests counted
     assert sum(b[:, :, 1].sum() for b in blocks.values()) == 1  # one engaged
 
 
+def test_partitions_write_their_own_blocks_and_readers_sum_them(make_store) -> None:
+    layout = SETTINGS.layout()
+    store = make_store(layout)
+    for p in range(3):
+        owner = Driver(store, partition=p)
+        owner.ingest(impressions((f"r{p}", f"u{p}", 1_000, ["a"])), interactions())
+        assert finalised(owner.finalise(CONFIG.deadline(1_000))) == 1
+    blocks = store.blocks(max(layout.windows_ms))
+    assert sum(b[:, :, 0].sum() for b in blocks.values()) == 3
+    for block in blocks.values():
+        counted = np.flatnonzero(block[..., 0].sum(axis=0))
+        assert sorted(int(b) % layout.shards for b in counted) == [0, 1, 2]
+
+
 @pytest.mark.parametrize("sizes", [["5m", "1h", "24h"], ["7m", "1h"]])
 def test_longer_windows_hold_the_union_of_their_buckets(make_store, sizes) -> None:
-    """Requests finalised in several short buckets, in separate commits, all count in
+    """Requests finalised in several short buckets, in separate checkpoints, all count in
     the longer windows' buckets (merged sketches, or fed directly when the bucket
     widths do not nest)."""
     settings = load_settings(environ={}, overrides={"windows": {"sizes": sizes}})
@@ -107,9 +220,9 @@ def test_longer_windows_hold_the_union_of_their_buckets(make_store, sizes) -> No
     for n in range(4):  # one request per short bucket, all in one long bucket
         ts = base - config.deadline(0) + n * step + 1
         lists[f"r{n}"] = [f"i{n}_{j}" for j in range(12)] + ["shared"]
-        ingest(store, impressions((f"r{n}", f"u{n}", ts, lists[f"r{n}"])), interactions())
-        requests, users = store.load(store.due(config.deadline(ts), 10))
-        assert store.commit(finalise(requests, users, config)) == 1
+        owner = Driver(store, config)
+        owner.ingest(impressions((f"r{n}", f"u{n}", ts, lists[f"r{n}"])), interactions())
+        assert finalised(owner.finalise(config.deadline(ts))) == 1
     everything = set().union(*lists.values())
     top10 = set().union(*(items[:10] for items in lists.values()))
     for window in layout.windows_ms[1:]:
@@ -126,13 +239,12 @@ def test_catalogue_holds_items_beyond_the_largest_cutoff(make_store) -> None:
     layout, config = settings.layout(), settings.finalise_config()
     store = make_store(layout)
     lists = {"r1": ["a", "b", "c", "d", "e"], "r2": ["a", "f"], "r3": ["g", "h", "i", "j"]}
-    ingest(
-        store,
+    owner = Driver(store, config)
+    owner.ingest(
         impressions(*((rid, f"u{rid}", 1_000, items) for rid, items in lists.items())),
         interactions(),
     )
-    requests, users = store.load(store.due(config.deadline(1_000), 10))
-    assert store.commit(finalise(requests, users, config)) == 3
+    assert finalised(owner.finalise(config.deadline(1_000))) == 3
     window = max(layout.windows_ms)
     start = int(layout.bucket_start(window, np.array([config.deadline(1_000)]))[0])
     counts, catalogue = store.distinct_items(window, [start], ["A"])
@@ -140,57 +252,17 @@ def test_catalogue_holds_items_beyond_the_largest_cutoff(make_store) -> None:
     assert catalogue == pytest.approx(10, abs=0.5)  # a..j
 
 
-def test_interaction_arriving_between_load_and_commit_is_late(make_store) -> None:
-    """Finalisation may run beside ingestion (another instance, or another thread):
-    an interaction stored after the request was loaded is counted late, once."""
-    store = make_store(SETTINGS.layout())
-    ingest(
-        store,
-        impressions(("r1", "u1", 1_000, ["a", "b"])),
-        interactions(("i1", "u1", "a", "r1", 1_500, "click")),
-    )
-    requests, users = store.load(store.due(CONFIG.deadline(1_000), 10))
-    racing = interactions(("i2", "u1", "b", "r1", 1_600, "purchase"))
-    assert ingest(store, impressions(), racing).late == 0  # still open when it arrived
-    done = finalise(requests, users, CONFIG)
-    assert store.commit(done) == 1
-    assert store.counters().get("late", 0) == 1
-    assert done.late == 1  # reported to the pipeline's late counter too
-    again = ingest(store, impressions(), racing)  # redelivered: a duplicate now
-    assert (again.late, again.duplicates) == (0, 1)
-    assert store.counters().get("late", 0) == 1
-
-
-def test_commit_skips_requests_another_instance_claimed(make_store) -> None:
-    store = make_store(SETTINGS.layout())
-    ingest(
-        store,
-        impressions(
-            ("r1", "u1", 1_000, ["a"]), ("r2", "u1", 1_000, ["a"]), ("r3", "u2", 1_000, ["b"])
-        ),
-        interactions(("i1", "u1", "a", "r1", 1_500, "purchase")),
-    )
-    requests, users = store.load(store.due(CONFIG.deadline(1_000), 10))
-    by_id = {r.request_id: r for r in requests}
-    assert store.commit(finalise([by_id["r2"]], users, CONFIG)) == 1  # the other instance
-    assert store.commit(finalise(requests, users, CONFIG)) == 2  # r1 and r3 only
-    assert store.counters()["finalised"] == 3
-    blocks = store.blocks(max(SETTINGS.layout().windows_ms))
-    assert sum(b[:, :, 0].sum() for b in blocks.values()) == 3
-    assert sum(b[:, :, 1].sum() for b in blocks.values()) == 1
-
-
 def test_late_interactions_are_counted_once(make_store) -> None:
     store = make_store(SETTINGS.layout())
-    ingest(store, impressions(("r1", "u1", 1_000, ["a"])), interactions())
-    finalise_all(store, CONFIG.deadline(1_000))
+    Driver(store).ingest(impressions(("r1", "u1", 1_000, ["a"])), interactions())
+    Driver(store).finalise(CONFIG.deadline(1_000))
     late = interactions(("i9", "u1", "a", "r1", 1_500, "click"))
-    assert ingest(store, impressions(), late).late == 1
-    assert ingest(store, impressions(), late).late == 0  # redelivered: a duplicate now
+    assert Driver(store).ingest(impressions(), late).late == 1
+    assert Driver(store).ingest(impressions(), late).late == 0  # redelivered: a duplicate now
     again = impressions(("r1", "u1", 1_000, ["a"]))
-    assert ingest(store, again, interactions()).duplicates == 1  # finalised request
+    assert Driver(store).ingest(again, interactions()).duplicates == 1  # finalised request
     loose = interactions(("i10", "u1", "a", None, 1_500, "click"))
-    assert ingest(store, impressions(), loose, late_before=2_000).late == 1
+    assert Driver(store).ingest(impressions(), loose, late_before=2_000).late == 1
     assert store.counters()["late"] == 2
 
 
@@ -202,17 +274,15 @@ def test_history_keeps_the_earliest_relevant_interactions(make_store) -> None:
     batches = [[5_000, 4_000], [3_000, 6_000], [1_000], [3_000], [2_000, 7_000]]
     for times in batches:
         rows = [(f"h{ts}", "u1", "a", None, ts, "click") for ts in times]
-        ingest(store, impressions(), interactions(*rows))
-    ingest(store, impressions(("r1", "u1", 9_000, ["a"])), interactions())
-    _, users = store.load(store.due(CONFIG.deadline(9_000), 10))
-    assert users["u1"].history_ms == [1_000, 2_000, 3_000, 4_000, 5_000, 6_000, 7_000][:cap]
+        Driver(store).ingest(impressions(), interactions(*rows))
+    history = Driver(store).engine.state.users["u1"].history
+    assert [t for t, _ in history] == [1_000, 2_000, 3_000, 4_000, 5_000, 6_000, 7_000][:cap]
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_history_from_single_interaction_batches(make_store, seed) -> None:
-    """One interaction per batch, mostly in event-time order with ties and redeliveries
-    (the path appending to a stored history without re-sorting it), keeps the same
-    earliest ones as sorting everything would."""
+    """One interaction per batch with ties and redeliveries keeps the same earliest ones
+    as sorting everything would."""
     rng = random.Random(seed)
     store = make_store(SETTINGS.layout())
     cap = SETTINGS.cold_start.min_relevant_history
@@ -224,47 +294,44 @@ def test_history_from_single_interaction_batches(make_store, seed) -> None:
             eid = f"h{n}"
             sent[eid] = rng.choice([1_000 + 100 * n, 1_000 + 100 * n, 800 + 100 * n])
         row = (eid, "u1", "a", None, sent[eid], "click")
-        ingest(store, impressions(), interactions(row))
-    ingest(store, impressions(("r1", "u1", 9_000, ["a"])), interactions())
-    _, users = store.load(store.due(CONFIG.deadline(9_000), 10))
-    assert users["u1"].history_ms == sorted(sent.values())[:cap]
+        Driver(store).ingest(impressions(), interactions(row))
+    history = Driver(store).engine.state.users["u1"].history
+    assert [t for t, _ in history] == sorted(sent.values())[:cap]
 
 
 def test_interactions_before_their_impression_wait_for_it(make_store) -> None:
     store = make_store(SETTINGS.layout())
     early = interactions(("i1", "u1", "b", "r1", 1_500, "purchase"))
-    assert ingest(store, impressions(), early).duplicates == 0
-    assert store.due(10**15, 10) == []  # nothing open yet
-    ingest(store, impressions(("r1", "u1", 1_000, ["a", "b"])), interactions())
-    assert ingest(store, impressions(), early).duplicates == 1
-    requests, users = store.load(store.due(CONFIG.deadline(1_000), 10))
-    assert [(r.request_id, [i.event_id for i in r.interactions]) for r in requests] == [
+    assert Driver(store).ingest(impressions(), early).duplicates == 0
+    assert Driver(store).finalise(10**12) == []  # nothing open yet
+    Driver(store).ingest(impressions(("r1", "u1", 1_000, ["a", "b"])), interactions())
+    assert Driver(store).ingest(impressions(), early).duplicates == 1
+    done = Driver(store).finalise(10**12)
+    assert [(r.request_id, [i.event_id for i in r.interactions]) for r in done[0].requests] == [
         ("r1", ["i1"])
     ]
-    assert store.commit(finalise(requests, users, CONFIG)) == 1
-    counts = ingest(store, impressions(), early)
+    counts = Driver(store).ingest(impressions(), early)
     assert (counts.late, counts.duplicates) == (0, 1)
 
 
 def test_late_interactions_find_requests_finalised_days_apart(make_store) -> None:
-    """Finalised requests are remembered whatever their deadline: late interactions
-    naming requests finalised a week apart are each counted once."""
+    """Finalised requests are remembered for ``finalised_ttl`` of data time: late
+    interactions naming requests finalised a day apart are each counted once."""
     store = make_store(SETTINGS.layout())
-    week = 7 * 86_400_000
-    ingest(
-        store,
-        impressions(("r1", "u1", 1_000, ["a"]), ("r2", "u2", 1_000 + week, ["a"])),
+    day = 86_400_000
+    Driver(store).ingest(
+        impressions(("r1", "u1", 1_000, ["a"]), ("r2", "u2", 1_000 + day, ["a"])),
         interactions(),
     )
-    finalise_all(store, CONFIG.deadline(1_000 + week))
+    Driver(store).finalise(CONFIG.deadline(1_000 + day))
     late = interactions(
-        ("i1", "u1", "a", "r1", 1_500, "click"), ("i2", "u2", "a", "r2", 1_500 + week, "click")
+        ("i1", "u1", "a", "r1", 1_500, "click"), ("i2", "u2", "a", "r2", 1_500 + day, "click")
     )
-    assert ingest(store, impressions(), late).late == 2
-    assert ingest(store, impressions(), late).duplicates == 2
-    again = impressions(("r1", "u1", 1_000, ["a"]), ("r2", "u2", 1_000 + week, ["a"]))
-    assert ingest(store, again, interactions()).duplicates == 2
-    assert store.due(10**15, 10) == []
+    assert Driver(store).ingest(impressions(), late).late == 2
+    assert Driver(store).ingest(impressions(), late).duplicates == 2
+    again = impressions(("r1", "u1", 1_000, ["a"]), ("r2", "u2", 1_000 + day, ["a"]))
+    assert Driver(store).ingest(again, interactions()).duplicates == 2
+    assert Driver(store).finalise(10**14) == []
 
 
 def test_redelivery_after_finalisation_is_a_duplicate_not_late(make_store) -> None:
@@ -275,87 +342,32 @@ def test_redelivery_after_finalisation_is_a_duplicate_not_late(make_store) -> No
     ints = interactions(
         ("i1", "u1", "a", "r1", 1_500, "click"), ("i2", "u1", "b", None, 1_600, "click")
     )
-    ingest(store, imps, ints)
-    due = store.due(CONFIG.deadline(1_000), 10)
-    requests, users = store.load(due)
-    # prune the request-less interaction with the commit, as the pipeline does later on
-    assert store.commit(finalise(requests, users, CONFIG), 2_000) == 1
-    counts = ingest(store, imps, ints, late_before=2_000)
+    Driver(store).ingest(imps, ints)
+    # far enough on that the request-less interaction is pruned too
+    assert finalised(Driver(store).finalise(CONFIG.deadline(1_000) + CONFIG.deadline(0))) == 1
+    counts = Driver(store).ingest(imps, ints, late_before=2_000)
     assert (counts.late, counts.duplicates) == (0, 3)
     assert store.counters().get("late", 0) == 0
 
 
 def test_user_join_sees_the_users_open_impressions(make_store) -> None:
     store = make_store(SETTINGS.layout())
-    ingest(
-        store,
+    Driver(store).ingest(
         impressions(("r1", "u1", 1_000, ["a", "b"]), ("r2", "u1", 2_000, ["b", "c"])),
         interactions(("i1", "u1", "b", None, 2_500, "click")),
     )
-    requests, users = store.load(store.due(CONFIG.deadline(2_000), 10))
-    ctx = users["u1"]
-    assert ctx.impression_ids == ["r1", "r2"]
-    assert ctx.impression_items == [["a", "b"], ["b", "c"]]
-    assert [(x.event_id, x.item_id, x.timestamp_ms, x.grade) for x in ctx.loose] == [
-        ("i1", "b", 2_500, 1.0)
-    ]
-    done = finalise(requests, users, CONFIG)
+    done = Driver(store).finalise(CONFIG.deadline(2_000))[0]
     engaged = {r.request_id: row[1] for r, row in zip(done.requests, done.rows, strict=True)}
     assert engaged == {"r1": 0.0, "r2": 1.0}  # the most recent impression with the item wins
 
 
-def test_user_join_ignores_what_cannot_reach_the_loaded_requests(make_store) -> None:
-    """Request-less interactions outside every loaded request's window, and open
-    requests that cannot compete for the others, change nothing (the Redis store
-    leaves them out of the context)."""
-    store = make_store(SETTINGS.layout())
-    window = CONFIG.rules.attribution_window_ms
-    later = 1_000 + 3 * window
-    ingest(
-        store,
-        impressions(("r1", "u1", 1_000, ["a", "b"]), ("r2", "u1", later, ["a", "b"])),
-        interactions(
-            ("i1", "u1", "b", None, 2_000, "click"),  # joins r1
-            ("i2", "u1", "a", None, later + 1_000, "purchase"),  # joins r2 only
-        ),
-    )
-    requests, users = store.load(store.due(CONFIG.deadline(1_000), 10))
-    assert [r.request_id for r in requests] == ["r1"]
-    assert "i1" in {x.event_id for x in users["u1"].loose}
-    done = finalise(requests, users, CONFIG)
-    assert done.rows[0][1] == 1.0  # engaged, by the click on b only
-    assert done.outcomes["attributed"] == 1
-
-
-def test_progress_merges_to_the_latest_event_time(make_store) -> None:
-    store = make_store(SETTINGS.layout())
-    store.record_progress({"impressions:0": PartitionProgress(500, 10)})
-    store.record_progress(
-        {"impressions:0": PartitionProgress(400, 20), "impressions:1": PartitionProgress(-1, 20)}
-    )
-    assert store.progress() == {
-        "impressions:0": PartitionProgress(500, 20),
-        "impressions:1": PartitionProgress(-1, 20),
-    }
-
-
-def test_redis_refuses_state_of_another_layout(redis_url: str, key_prefix: str) -> None:
-    from evaluator.stores.redis import LayoutMismatchError, RedisStore, connect
-
-    RedisStore(connect(redis_url), SETTINGS.layout(), prefix=key_prefix).check_layout()
-    other = load_settings(environ={}, overrides={"metrics": {"k": [5]}}).layout()
-    with pytest.raises(LayoutMismatchError):
-        RedisStore(connect(redis_url), other, prefix=key_prefix).check_layout()
-
-
 def test_distinct_items_for_coverage(make_store) -> None:
     store = make_store(SETTINGS.layout())
-    ingest(
-        store,
+    Driver(store).ingest(
         impressions(("r1", "u1", 1_000, ["a", "b", "c"]), ("r2", "u2", 1_000, ["c", "d"])),
         interactions(),
     )
-    finalise_all(store, CONFIG.deadline(1_000))
+    Driver(store).finalise(CONFIG.deadline(1_000))
     window = max(SETTINGS.layout().windows_ms)
     start = int(SETTINGS.layout().bucket_start(window, np.array([CONFIG.deadline(1_000)]))[0])
     counts, catalog = store.distinct_items(window, [start], ["A"])
@@ -378,8 +390,8 @@ def test_distinct_items_per_variant_cutoff_and_window(make_store) -> None:
             ("r3", "u3", "B", b1),
         )
     ]
-    ingest(store, decode_impressions(payloads)[0], interactions())
-    finalise_all(store, CONFIG.deadline(1_000))
+    Driver(store).ingest(decode_impressions(payloads)[0], interactions())
+    Driver(store).finalise(CONFIG.deadline(1_000))
     for window in layout.windows_ms:
         start = int(layout.bucket_start(window, np.array([CONFIG.deadline(1_000)]))[0])
         counts, catalog = store.distinct_items(window, [start], ["A", "B"])
@@ -395,12 +407,12 @@ def test_distinct_items_per_variant_cutoff_and_window(make_store) -> None:
 
 
 def stored_request(store, **extra):
-    """Ingest one impression with extra fields and load it back as the store returns it."""
+    """Store one impression with extra fields; the request as a new owner finalises it."""
     payload = impression("r", "u", 1_000, ["a", "b"], variant="B", **extra)
-    ingest(store, decode_impressions([payload])[0], interactions())
-    requests, _ = store.load(store.due(CONFIG.deadline(1_000), 10))
-    assert len(requests) == 1
-    return requests[0]
+    Driver(store).ingest(decode_impressions([payload])[0], interactions())
+    done = Driver(store).finalise(CONFIG.deadline(1_000))
+    assert finalised(done) == 1
+    return done[0].requests[0]
 
 
 def test_attribute_values_round_trip(make_store) -> None:
@@ -415,41 +427,37 @@ def test_shadow_ranking_round_trips(make_store) -> None:
     assert (request.shadow_variant, request.shadow) == ("A", ["b", "c"])
 
 
-def test_blocks_reflect_every_commit_between_reads(make_store) -> None:
+def test_blocks_reflect_every_checkpoint_between_reads(make_store) -> None:
     store = make_store(SETTINGS.layout())
     window = max(SETTINGS.layout().windows_ms)
     totals = []
     for n, ts in enumerate((1_000, 1_500, 2_000), start=1):
-        ingest(store, impressions((f"r{n}", f"u{n}", ts, ["a"])), interactions())
-        finalise_all(store, CONFIG.deadline(ts))
+        Driver(store).ingest(impressions((f"r{n}", f"u{n}", ts, ["a"])), interactions())
+        Driver(store).finalise(CONFIG.deadline(ts))
         blocks = store.blocks(window, 0, CONFIG.deadline(10_000))
         totals.append(sum(float(b[..., 0].sum()) for b in blocks.values()))
     assert totals == [1.0, 2.0, 3.0]
     assert store.blocks(window, 10**14, 10**15) == {}
 
 
-def test_propensity_counters_follow_claims_and_survive_recommits(make_store) -> None:
-    """Counters are written with the claim: a retried or racing commit adds nothing."""
-    config = load_settings(environ={}, overrides={"propensity": {"estimator": "em"}})
-    fconfig = config.finalise_config()
-    store = make_store(config.layout())
+def test_propensity_counters_follow_the_checkpoints(make_store) -> None:
+    settings = load_settings(environ={}, overrides={"propensity": {"estimator": "em"}})
+    fconfig = settings.finalise_config()
+    store = make_store(settings.layout())
     payloads = [
         impression(rid, user, 1_000, ["a", "b", "c"], context="home", randomization=rnd)
         for rid, user, rnd in (("r1", "u1", None), ("r2", "u2", {"type": "topn", "n": 3}))
     ]
-    imps = decode_impressions(payloads)[0]
     ints = interactions(
         ("i1", "u1", "b", "r1", 1_500, "click"), ("i2", "u2", "a", "r2", 1_500, "purchase")
     )
-    ingest(store, imps, ints)
-    requests, users = store.load(store.due(fconfig.deadline(1_000), 10))
-    assert {r.request_id: (r.context, r.randomization) for r in requests} == {
+    Driver(store, fconfig).ingest(decode_impressions(payloads)[0], ints)
+    done = Driver(store, fconfig).finalise(fconfig.deadline(1_000))
+    assert {r.request_id: (r.context, r.randomization) for r in done[0].requests} == {
         "r1": ("home", None),
         "r2": ("home", ("topn", 3)),
     }
-    done = finalise(requests, users, fconfig)
-    assert store.commit(done) == 2
-    assert store.commit(done) == 0
+    assert Driver(store, fconfig).finalise(fconfig.deadline(1_000)) == []
     click = 1 << 32
     sep = "\x1f"
     assert store.propensity_counts() == {
@@ -467,17 +475,17 @@ def test_propensity_counters_cover_the_newest_days_of_the_history(make_store) ->
     """Counters are kept per day of finalisation; only the newest ``history`` days count,
     older ones are dropped (the counters stay bounded)."""
     day = 86_400_000
-    config = load_settings(
+    settings = load_settings(
         environ={}, overrides={"propensity": {"estimator": "em", "history": "2d"}}
     )
-    fconfig = config.finalise_config()
-    store = make_store(config.layout(), propensity_history_ms=2 * day)
+    fconfig = settings.finalise_config()
+    store = make_store(settings.layout(), propensity_history_ms=2 * day)
     base = 20_000 * day - fconfig.deadline(0) + 1_000  # deadlines 1 s into a day
 
     def finalise_one(n: int, ts: int) -> dict[str, int]:
-        ingest(store, impressions((f"r{n}", f"u{n}", ts, [f"item{n}"])), interactions())
-        requests, users = store.load(store.due(fconfig.deadline(ts), 10))
-        assert store.commit(finalise(requests, users, fconfig)) == 1
+        owner = Driver(store, fconfig, partition=n % 3)
+        owner.ingest(impressions((f"r{n}", f"u{n}", ts, [f"item{n}"])), interactions())
+        assert finalised(owner.finalise(fconfig.deadline(ts))) == 1
         return store.propensity_counts()
 
     def items(counts: dict[str, int]) -> set[str]:
@@ -497,7 +505,16 @@ def test_propensity_curve_of_a_bucket_is_fixed_by_the_first_proposal(make_store)
     assert store.propensity_curve(120_000, (1.0, 0.25)) == (1.0, 0.25)
 
 
-def test_redis_refuses_open_requests_of_the_per_request_key_format(
+def test_redis_refuses_state_of_another_layout(redis_url: str, key_prefix: str) -> None:
+    from evaluator.stores.redis import LayoutMismatchError, RedisStore, connect
+
+    RedisStore(connect(redis_url), SETTINGS.layout(), prefix=key_prefix).check_layout()
+    other = load_settings(environ={}, overrides={"metrics": {"k": [5]}}).layout()
+    with pytest.raises(LayoutMismatchError):
+        RedisStore(connect(redis_url), other, prefix=key_prefix).check_layout()
+
+
+def test_redis_refuses_open_requests_of_the_shared_state_layout(
     redis_url: str, key_prefix: str
 ) -> None:
     from evaluator.stores.redis import LayoutMismatchError, RedisStore, connect
@@ -505,40 +522,17 @@ def test_redis_refuses_open_requests_of_the_per_request_key_format(
     client = connect(redis_url)
     store = RedisStore(client, SETTINGS.layout(), prefix=key_prefix)
     store.check_layout()  # empty, or written by this version: fine
-    ingest(store, impressions(("r1", "u1", 1_000, ["a"])), interactions())
+    Driver(store).ingest(impressions(("r1", "u1", 1_000, ["a"])), interactions())
     store.check_layout()
-    shard = store.tag(3)
-    client.zadd(shard + "dl", {"old": 5})  # as the earlier version stored a request
-    client.set(shard + "r:old", "u9\x1eA\x1e1\x1ea")
-    with pytest.raises(LayoutMismatchError, match="one key per request"):
+    client.zadd(store.tag(3) + "dl", {"old": 5})  # as the earlier version kept a request
+    with pytest.raises(LayoutMismatchError, match="shared-state layout"):
         store.check_layout()
     store.close()
 
 
-def test_redis_markers_live_for_the_configured_ttls(redis_url: str, key_prefix: str) -> None:
-    from evaluator.stores.redis import MARKER_PERIOD_MS, RedisStore, connect
-
-    client = connect(redis_url)
-    store = RedisStore(
-        client, SETTINGS.layout(), prefix=key_prefix, state_ttl_s=5_000, finalised_ttl_s=7_200
-    )
-    ingest(store, impressions(("r1", "u1", 1_000, ["a"])), interactions())
-    shard = store.tag(int(shard_of(["u1"], SETTINGS.layout())[0]))
-    assert 4_900 < client.ttl(shard + "o") <= 5_000  # open requests
-    requests, users = store.load(store.due(CONFIG.deadline(1_000), 10))
-    assert store.commit(finalise(requests, users, CONFIG)) == 1
-    period = CONFIG.deadline(1_000) // MARKER_PERIOD_MS * MARKER_PERIOD_MS
-    assert client.hexists(shard + f"fin:{period}", "r1")  # markers by period of the deadline
-    assert 7_100 < client.ttl(shard + f"fin:{period}") <= 7_200
-    late = interactions(("i9", "u1", "a", None, 500, "click"))
-    assert ingest(store, impressions(), late, late_before=10_000).late == 1
-    assert 7_100 < client.ttl(shard + "ux:u1") <= 7_200
-    store.close()
-
-
 def test_redis_scripts_are_reloaded_after_a_script_flush(redis_url: str, key_prefix: str) -> None:
-    """After a restart or failover the server may have lost the scripts: the batch fails
-    once (the caller retries it; every script is idempotent) and then works again."""
+    """After a restart or failover the server may have lost the scripts: the checkpoint
+    fails once (the owner reloads and retries) and then works again."""
     from redis.exceptions import NoScriptError
 
     from evaluator.stores.redis import RedisStore, connect
@@ -548,18 +542,18 @@ def test_redis_scripts_are_reloaded_after_a_script_flush(redis_url: str, key_pre
     imps = impressions(("r1", "u1", 1_000, ["a"]))
     client.script_flush()
     with pytest.raises(NoScriptError):
-        ingest(store, imps, interactions())
-    assert ingest(store, imps, interactions()).duplicates == 0
-    assert [d.request_id for d in store.due(CONFIG.deadline(1_000), 10)] == ["r1"]
+        Driver(store).ingest(imps, interactions())
+    assert Driver(store).ingest(imps, interactions()).duplicates == 0
+    assert finalised(Driver(store).finalise(CONFIG.deadline(1_000))) == 1
     store.close()
 
 
-def test_redis_coverage_survives_a_failure_between_sketches_and_claims(
+def test_redis_coverage_survives_a_failure_between_sketches_and_checkpoint(
     redis_url: str, key_prefix: str
 ) -> None:
-    """Sketches are sets, so the commit adds the items before claiming the requests: a
-    failure in between leaves them open, finalising them again adds nothing twice, and
-    no item is lost (added after the claim, a failure there lost them for good)."""
+    """Sketches are sets, written before the checkpoint: a failure in between leaves the
+    requests open in the store, the next owner finalises them again, and no item is
+    lost or counted twice."""
     from redis.exceptions import ConnectionError as RedisConnectionError
 
     from evaluator.stores.redis import RedisStore, connect
@@ -567,21 +561,22 @@ def test_redis_coverage_survives_a_failure_between_sketches_and_claims(
     store = RedisStore(connect(redis_url), SETTINGS.layout(), prefix=key_prefix)
     lists = {"r1": ["a", "b", "c"], "r2": ["c", "d"]}
     rows = [(rid, f"u{i}", 1_000, items) for i, (rid, items) in enumerate(lists.items())]
-    ingest(store, impressions(*rows), interactions())
+    Driver(store).ingest(impressions(*rows), interactions())
     add = store._sketches.add
     calls: list[int] = []
 
-    def failing_once(finalised) -> None:
+    def failing_after(finalised) -> None:
         calls.append(len(finalised.requests))
+        add(finalised)
         if len(calls) == 1:
             raise RedisConnectionError("injected: Redis went away")
-        add(finalised)
 
-    store._sketches.add = failing_once  # type: ignore[method-assign]
+    store._sketches.add = failing_after  # type: ignore[method-assign]
     with pytest.raises(RedisConnectionError):
-        finalise_all(store, CONFIG.deadline(1_000))
-    assert finalise_all(store, CONFIG.deadline(1_000)) == 2  # still open: finalised now
+        Driver(store).finalise(CONFIG.deadline(1_000))
+    assert finalised(Driver(store).finalise(CONFIG.deadline(1_000))) == 2  # still open
     assert calls == [2, 2]
+    assert store.counters()["finalised"] == 2
     window = max(SETTINGS.layout().windows_ms)
     start = int(SETTINGS.layout().bucket_start(window, np.array([CONFIG.deadline(1_000)]))[0])
     counts, catalog = store.distinct_items(window, [start], ["A"])

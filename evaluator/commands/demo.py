@@ -1,7 +1,7 @@
 """``evaluator demo``: simulator -> the live pipeline -> embedded store -> /metrics + dashboard.
 
 One command, no services: simulated traffic runs through the same
-:class:`evaluator.pipeline.Pipeline` as ``evaluator run``, with the embedded
+:class:`evaluator.tasks.Tasks` as ``evaluator run``, with the embedded
 store (``--redis`` uses Redis instead; ``--kafka`` produces the traffic to
 Kafka and consumes it back with ``evaluator run``'s loop). Event time runs
 ``speed`` times faster than the wall clock, so requests finalise seconds after
@@ -15,10 +15,10 @@ import threading
 import time
 from typing import Any
 
+from evaluator.batches import PartitionBatch
 from evaluator.commands.serving import serve_metrics
 from evaluator.commands.simulate import RateLimiter
 from evaluator.config import Settings, merge
-from evaluator.pipeline import PartitionBatch
 from evaluator.simulate import SimulationConfig, Simulator
 from evaluator.stores.base import StateStore
 from evaluator.stores.memory import MemoryStore
@@ -45,10 +45,7 @@ DEMO_PARTITIONS = 1
 def build_memory_store(settings: Settings, partitions: int = DEMO_PARTITIONS) -> MemoryStore:
     """The embedded store, configured from the settings like the Redis one."""
     return MemoryStore(
-        settings.layout(partitions),
-        settings.cold_start.min_relevant_history,
-        settings.metrics.diversity_attribute,
-        propensity_history_ms=settings.propensity.history_ms(),
+        settings.layout(partitions), propensity_history_ms=settings.propensity.history_ms()
     )
 
 

@@ -10,9 +10,9 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from evaluator.batches import Rejected
 from evaluator.commands.serving import serve_metrics
 from evaluator.config import Settings
-from evaluator.pipeline import Rejected
 from evaluator.sources.kafka import KafkaSource
 from evaluator.stores.base import StateStore
 from evaluator.stores.redis import RedisStore, connect
@@ -28,7 +28,7 @@ for twice the session timeout if longer: a rebalance waits that long for a dead 
 
 
 def build_store(settings: Settings, partitions: int | None = None) -> RedisStore:
-    r, rules = settings.redis, settings.join.rules()
+    r = settings.redis
     client = connect(
         r.url,
         username=r.username,
@@ -42,13 +42,7 @@ def build_store(settings: Settings, partitions: int | None = None) -> RedisStore
         client,
         settings.layout(partitions),
         prefix=r.key_prefix,
-        history_cap=settings.cold_start.min_relevant_history,
-        state_ttl_s=r.ttl_s("state_ttl"),
-        finalised_ttl_s=r.ttl_s("finalised_ttl"),
         propensity_history_ms=settings.propensity.history_ms(),
-        attribute=settings.metrics.diversity_attribute,
-        join_window_ms=rules.attribution_window_ms,
-        clock_skew_ms=rules.max_clock_skew_ms,
     )
     store.check_layout()
     return store

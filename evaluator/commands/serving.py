@@ -9,12 +9,12 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from evaluator.batches import wall_clock_ms
 from evaluator.config import Settings
 from evaluator.exporters.dashboard import DashboardHistory, routes
 from evaluator.exporters.http import CachedExposition, serve
 from evaluator.exporters.pipeline_metrics import PipelineCollector
 from evaluator.exporters.prometheus import WindowCollector
-from evaluator.pipeline import wall_clock_ms
 from evaluator.stores.base import StateStore
 from evaluator.tasks import Tasks
 from evaluator.timeutil import parse_duration_ms

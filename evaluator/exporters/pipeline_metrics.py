@@ -12,7 +12,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from evaluator.pipeline import PipelineStats
+from evaluator.batches import PipelineStats
 
 
 class PipelineCollector(Collector):

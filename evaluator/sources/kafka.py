@@ -17,8 +17,8 @@ from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from kafka.coordinator.assignors.range import RangePartitionAssignor
 from kafka.structs import OffsetAndMetadata
 
+from evaluator.batches import Kind, PartitionBatch, Rejected
 from evaluator.config import ConfigError, KafkaSettings
-from evaluator.pipeline import Kind, PartitionBatch, Rejected
 from evaluator.timeutil import parse_duration_ms
 
 log = logging.getLogger(__name__)

@@ -28,18 +28,10 @@ catalogue sketch of the longest window."""
 
 def block_increments(
     finalised: Finalised, rows: npt.NDArray[np.intp], layout: AggregateLayout
-) -> tuple[list[tuple[str, str, str, int, int, int]], list[tuple[str, int, int, int]], bytes]:
-    """The given requests' (id, user, variant, named interactions loaded, time, deadline),
-    the blocks they add to (name, bucket start, ttl s, window ms), and the per-block sums
-    of their rows as little-endian doubles, one block after another."""
+) -> tuple[list[tuple[str, int, int, int]], bytes]:
+    """The blocks the given requests add to (name, bucket start, ttl s, window ms), and
+    the per-block sums of their rows as little-endian doubles, one block after another."""
     requests = [finalised.requests[i] for i in rows]
-    # with each request, how many named interactions finalisation saw (the rest
-    # arrived after it was loaded: late)
-    deadlines = finalised.deadline_ms[rows].tolist()
-    meta = [
-        (r.request_id, r.user_id, r.variant, len(r.interactions), r.timestamp_ms, d)
-        for r, d in zip(requests, deadlines, strict=True)
-    ]
     local = finalised.user_bucket[rows] // layout.shards
     cohort = finalised.cohort[rows]
     keys: dict[tuple[int, int, str], int] = {}
@@ -54,7 +46,7 @@ def block_increments(
     blocks = [
         (f"{w}:{start}:{variant}", start, (2 * w) // 1000 + 3600, w) for (w, start, variant) in keys
     ]
-    return meta, blocks, sums.astype("<f8").tobytes()
+    return blocks, sums.astype("<f8").tobytes()
 
 
 def coverage_updates(

@@ -12,7 +12,6 @@ from typing import Any
 
 from evaluator.stores.base import FloatArray
 from evaluator.stores.block_cache import NO_LOWER_BOUND, BlockCache
-from evaluator.stores.redis_codec import text
 from evaluator.stores.redis_sketches import same_slot
 
 
@@ -57,3 +56,10 @@ def read_blocks(
     for (shard, names), raws in zip(wanted, pipe.execute(), strict=True):
         cache.put(window_ms, shard, names, raws)
     return cache.assemble(window_ms, lo, hi)
+
+
+def text(value: bytes | str | None) -> str:
+    """A reply as text ("" for a missing value)."""
+    if value is None:
+        return ""
+    return value.decode() if isinstance(value, bytes) else value
