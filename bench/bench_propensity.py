@@ -1,8 +1,8 @@
 """Cost of propensity estimation: live pipeline events/s with and without it.
 
 The same simulated traffic (``evaluator simulate``'s generator) is processed by
-the live path (:class:`evaluator.tasks.Tasks`, one partition) on the embedded store, once with ``propensity.estimator =
-"none"`` and once with ``"em"`` plus ``model = "estimated"`` (counters at every
+the live path (:class:`evaluator.tasks.Tasks`, one partition) on the embedded
+store, once with ``propensity.estimator = "none"`` and once with ``"em"`` plus ``model = "estimated"`` (counters at every
 finalisation and a curve per window bucket). Also times one EM fit on the
 accumulated counters. Run: ``.venv/bin/python bench/bench_propensity.py``.
 """
