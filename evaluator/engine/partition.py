@@ -275,13 +275,17 @@ class PartitionEngine:
             if uid in out:
                 continue
             user = state.users.get(uid) or UserState()
+            history = [t for t, _ in user.history]
+            if not user.loose:  # the user join has nothing to place: history only
+                out[uid] = UserContext(history_ms=history)
+                continue
             ordered = sorted((ts, rid) for rid, ts in user.open.items())
             out[uid] = UserContext(
                 impression_ms=[ts for ts, _ in ordered],
                 impression_ids=[rid for _, rid in ordered],
                 impression_items=[state.requests[rid].items for _, rid in ordered],
                 loose=sorted(user.loose.values()),
-                history_ms=[t for t, _ in user.history],
+                history_ms=history,
             )
         return out
 

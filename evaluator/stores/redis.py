@@ -18,6 +18,7 @@ are written by :mod:`evaluator.stores.redis_sketches` before each checkpoint.
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from importlib import resources
@@ -47,6 +48,11 @@ from evaluator.windows import AggregateLayout
 SCRIPTS = ("checkpoint",)
 STATE_SCAN = 10_000
 """Changelog fields read per HSCAN call when a new owner loads a partition."""
+
+
+def _frame(name: bytes, value: bytes) -> bytes:
+    """One changelog field as the checkpoint script reads it (``<Hc0Ic0``)."""
+    return struct.pack("<H", len(name)) + name + struct.pack("<I", len(value)) + value
 
 
 class LayoutMismatchError(ConfigError):
@@ -216,7 +222,7 @@ class RedisStore:
             increments.append(incs)
             propensity += propensity_increments(done, rows)
             variants.update(r.variant for r in done.requests)
-        written = [x for k, v in delta.changes.items() if v is not None for x in (k, v)]
+        written = b"".join(_frame(k.encode(), v) for k, v in delta.changes.items() if v is not None)
         deleted = [k for k, v in delta.changes.items() if v is None]
         meta: list[Any] = []
         for name, offset in delta.offsets.items():
@@ -251,7 +257,7 @@ class RedisStore:
                 b"".join(increments),
                 self.propensity_history_ms,
                 seq,
-                *written,
+                written,
             ],
         )
         reply = int(self._execute(pipe)[0])

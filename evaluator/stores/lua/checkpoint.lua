@@ -9,7 +9,9 @@
 -- ARGV[4] = doubles per block   ARGV[5] = the blocks' increments (little-endian doubles,
 --           one block after another)   ARGV[6] = propensity history ms
 -- ARGV[7] = checkpoints the writer has written (seq): this one must follow it
--- ARGV[8...] = changelog fields written: field, value, ... (raw bytes: not in msgpack)
+-- ARGV[8] = changelog fields written, framed: per field a little-endian uint16 name
+--           length, the name, a uint32 value length, the value (raw bytes; one argument
+--           instead of two per field, which the client would pack one by one)
 -- Returns 1 when written; otherwise writes nothing and returns 0 when a newer owner has
 -- claimed the partition, -1 when the stored copy is not the writer's last (lost writes).
 local p = ARGV[1]
@@ -20,8 +22,13 @@ if epoch < mine or (tonumber(meta[2]) or 0) ~= tonumber(ARGV[7]) then return -1 
 redis.call('HSET', KEYS[1], 'seq', tonumber(ARGV[7]) + 1)
 local data = cmsgpack.unpack(ARGV[3])
 local state = p .. 'state'
-local written = {}
-for i = 8, #ARGV do written[#written + 1] = ARGV[i] end
+local written, blob, at = {}, ARGV[8], 1
+while at <= #blob do
+  local name, value, nxt = struct.unpack('<Hc0Ic0', blob, at)
+  written[#written + 1] = name
+  written[#written + 1] = value
+  at = nxt
+end
 chunked('HSET', state, written)
 chunked('HDEL', state, data[2])
 chunked('HSET', KEYS[1], data[3])
