@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -200,3 +201,50 @@ def running_demo(requests_per_s: float) -> Iterator[str]:
     finally:
         stop_demo.set()
         worker.join(timeout=30)
+
+
+class RedisServer:
+    """A redis-server of a test's own (AOF, fsync every second, as in production), that
+    the test may SIGKILL and start again on the same port and data."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        directory.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        options = ["--dir", str(self.directory), "--appendonly", "yes", "--save", ""]
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", *options],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+        def answers() -> bool:
+            ping = ["redis-cli", "-p", str(self.port), "ping"]
+            out = subprocess.run(ping, capture_output=True, text=True, check=False)
+            return out.stdout.strip() == "PONG"
+
+        wait_until(answers, 30, "the test's redis-server answers")
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def snapshot(self) -> Path:
+        """A copy of the AOF as it is now (a file being appended may end mid-command:
+        Redis loads such a tail truncated, as after a crash)."""
+        copy = self.directory.with_name(self.directory.name + "-snapshot")
+        shutil.copytree(self.directory / "appendonlydir", copy / "appendonlydir")
+        return copy
+
+    def restore(self, snapshot: Path) -> None:
+        """Replace the AOF with an earlier snapshot (the server must be down)."""
+        shutil.rmtree(self.directory / "appendonlydir")
+        shutil.copytree(snapshot / "appendonlydir", self.directory / "appendonlydir")
