@@ -2,8 +2,9 @@
 
 The same simulated traffic (``evaluator simulate``'s generator) is processed by
 the live path (:class:`evaluator.tasks.Tasks`, one partition) on the embedded
-store, once with ``propensity.estimator = "none"`` and once with ``"em"`` plus ``model = "estimated"`` (counters at every
-finalisation and a curve per window bucket). Also times one EM fit on the
+store, once with ``propensity.estimator = "none"`` and once with ``"em"`` plus
+``model = "estimated"`` (counters at every finalisation and a curve per window
+bucket). Also times one EM fit on the
 accumulated counters. Run: ``.venv/bin/python bench/bench_propensity.py``.
 """
 
@@ -45,7 +46,7 @@ def run(polled: list[list[PartitionBatch]], overrides: dict[str, object]) -> Mem
     tasks = Tasks(store, settings, 1, clock_ms=lambda: next(clock))
     tasks.assign([0])
     for polled_batch in polled:
-        tasks.apply(polled_batch, ())
+        tasks.apply(polled_batch, {})
     return store
 
 

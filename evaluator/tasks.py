@@ -15,7 +15,7 @@ import bisect
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from evaluator.batches import PartitionBatch, PipelineStats, Rejected, wall_clock_ms
@@ -123,12 +123,13 @@ class Tasks:
     def apply(
         self,
         batches: Sequence[PartitionBatch],
-        caught_up: Collection[str],
+        caught_up: Mapping[str, int],
         dead_letter: Callable[[list[Rejected]], None] = lambda rejected: None,
     ) -> tuple[list[int], list[int]]:
         """Join, finalise and checkpoint every owned partition (those without new
         records too: their event time may advance by idleness). ``caught_up``: inputs
-        (``impressions:3``) consumed to their end offset. Invalid messages go to
+        (``impressions:3``) the broker confirmed consumed to their end offset, with the
+        wall clock (ms) of that confirmation. Invalid messages go to
         ``dead_letter`` before the checkpoint that moves past them. Returns the
         partitions lost to a newer owner (fenced) and those whose stored state went
         back (Redis lost writes): the caller reloads those with :meth:`assign`."""
@@ -156,7 +157,7 @@ class Tasks:
         self,
         owned: Owned,
         batches: list[PartitionBatch],
-        caught_up: Collection[str],
+        caught_up: Mapping[str, int],
         now: int,
     ) -> list[Rejected]:
         """Feed one partition's new records to its engine and advance its event time."""
@@ -194,7 +195,8 @@ class Tasks:
             owned.offsets[batch.kind] = batch.offsets[-1] + 1
         p = engine.partition
         for name in self.config.inputs:
-            engine.observe(name, latest.get(name), f"{name}:{p}" in caught_up, now)
+            confirmed = caught_up.get(f"{name}:{p}")
+            engine.observe(name, latest.get(name), confirmed is not None, confirmed or now)
         engine.advance(now)
         return rejected
 

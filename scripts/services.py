@@ -225,6 +225,13 @@ def launch_redis(data: Path, cluster: bool) -> tuple[int, int]:
 
 
 def start_kafka(data: Path) -> tuple[int, int]:
+    """A single-node KRaft broker on free loopback ports, formatted in ``data``."""
+    port = format_kafka(data)
+    return port, launch_kafka(data).pid
+
+
+def format_kafka(data: Path) -> int:
+    """Write a broker's configuration and format its storage; returns its port."""
     port, controller = free_port(), free_port()
     data.mkdir(parents=True)
     props = data / "server.properties"
@@ -248,21 +255,11 @@ share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 """)
-    log = data / "server.log"
-    (data / "log4j2.properties").write_text(LOG4J.format(log=log))
+    (data / "log4j2.properties").write_text(LOG4J.format(log=data / "server.log"))
     cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-    classpath = f"{LIBS}/*"
-    java = [
-        "java",
-        "-Xms256m",
-        "-Xmx768m",
-        f"-Dlog4j2.configurationFile={data / 'log4j2.properties'}",
-        "-cp",
-        classpath,
-    ]
     subprocess.run(
         [
-            *java,
+            *_java(data),
             "kafka.tools.StorageTool",
             "format",
             "--standalone",
@@ -274,19 +271,41 @@ group.initial.rebalance.delay.ms=0
         check=True,
         stdout=subprocess.DEVNULL,
     )
-    with open(data / "stdout.log", "wb") as out:
+    return port
+
+
+def _java(data: Path) -> list[str]:
+    return [
+        "java",
+        "-Xms256m",
+        "-Xmx768m",
+        f"-Dlog4j2.configurationFile={data / 'log4j2.properties'}",
+        "-cp",
+        f"{LIBS}/*",
+    ]
+
+
+def launch_kafka(data: Path) -> subprocess.Popen[bytes]:
+    """Start (or start again) the broker formatted in ``data``; waits until it serves."""
+    log = data / "server.log"
+    started = log.stat().st_size if log.exists() else 0
+    with open(data / "stdout.log", "ab") as out:
         proc = subprocess.Popen(
-            [*java, "kafka.Kafka", str(props)],
+            [*_java(data), "kafka.Kafka", str(data / "server.properties")],
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
 
     def ready() -> bool:
-        return log.exists() and "Kafka Server started" in log.read_text(errors="replace")
+        if not log.exists():
+            return False
+        with open(log, "rb") as handle:
+            handle.seek(started)
+            return b"Kafka Server started" in handle.read()
 
     wait_for(ready, "kafka broker", 120, proc, log)
-    return port, proc.pid
+    return proc
 
 
 def start() -> None:

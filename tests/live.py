@@ -7,6 +7,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -248,3 +249,29 @@ class RedisServer:
         """Replace the AOF with an earlier snapshot (the server must be down)."""
         shutil.rmtree(self.directory / "appendonlydir")
         shutil.copytree(snapshot / "appendonlydir", self.directory / "appendonlydir")
+
+
+class KafkaBroker:
+    """A single-node KRaft broker of a test's own, that the test may stop and start
+    again on the same port and data (scripts/services.py builds it)."""
+
+    def __init__(self, directory: Path) -> None:
+        sys.path.insert(0, str(ROOT / "scripts"))
+        import services  # type: ignore[import-not-found]
+
+        self.services = services
+        self.directory = directory
+        self.port = services.format_kafka(directory)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.proc = self.services.launch_kafka(self.directory)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()

@@ -76,15 +76,15 @@ def feed(
             batches.append(
                 PartitionBatch(kind, name, payloads, range(first, first + len(payloads)))  # type: ignore[arg-type]
             )
-        tasks.apply(batches, ())
+        tasks.apply(batches, {})
         clock.now += 10  # type: ignore[attr-defined]
     # the stream goes quiet: every input is at its end for idle_timeout
     last = max(e["timestamp"] for _, e in stream)
     clock.now = end_ms if end_ms is not None else last + 86_400_000  # type: ignore[attr-defined]
-    ended = {f"{kind}:{p}" for kind in ("impressions", "interactions") for p in range(n)}
-    tasks.apply([], ended)
+    names = [f"{kind}:{p}" for kind in ("impressions", "interactions") for p in range(n)]
+    tasks.apply([], dict.fromkeys(names, clock.now))  # type: ignore[attr-defined]
     clock.now += tasks.config.idle_timeout_ms  # type: ignore[attr-defined]
-    tasks.apply([], ended)
+    tasks.apply([], dict.fromkeys(names, clock.now))  # type: ignore[attr-defined]
     return seen_at
 
 

@@ -83,8 +83,9 @@ def run_engine(
                 changelog.items(), config.finalise.deadline, config.history_cap
             )
             engine = PartitionEngine(0, config, state, engine.watermark_ms, engine.input_times())
-    for name in ("impressions", "interactions"):
-        engine.observe(name, None, caught_up=True, now_ms=now_ms)
+    for now in (now_ms, now_ms + config.idle_timeout_ms):
+        for name in ("impressions", "interactions"):
+            engine.observe(name, None, caught_up=True, now_ms=now)
     engine.advance(now_ms + config.idle_timeout_ms)
     done += engine.finalise_due()
     return engine, done
@@ -137,12 +138,18 @@ def test_watermark_waits_for_every_busy_input() -> None:
     assert engine.advance(0) is None  # interactions have not delivered yet
     engine.observe("interactions", None, caught_up=True, now_ms=0)
     assert engine.advance(1_000) is None  # caught up, but not for idle_timeout yet
+    assert engine.advance(30_000) is None  # no confirmation since: maybe an outage
+    engine.observe("interactions", None, caught_up=True, now_ms=30_000)
     assert engine.advance(30_000) == 100_000 - 5_000  # idle: impressions alone decide
     engine.observe("interactions", 50_000, caught_up=False, now_ms=31_000)
     assert engine.advance(31_000) == 95_000  # never moves back
-    engine.observe("impressions", None, caught_up=True, now_ms=40_000)
-    engine.observe("interactions", None, caught_up=True, now_ms=40_000)
+    for now in (40_000, 69_000):
+        engine.observe("impressions", None, caught_up=True, now_ms=now)
+        engine.observe("interactions", None, caught_up=True, now_ms=now)
     assert engine.advance(69_000) == 95_000
+    for now in (70_000, 200_000):
+        engine.observe("impressions", None, caught_up=True, now_ms=now)
+        engine.observe("interactions", None, caught_up=True, now_ms=now)
     # all idle: the partition follows the wall clock (past its largest event time)
     assert engine.advance(200_000) == 195_000
 

@@ -19,7 +19,16 @@ from typing import Any
 import pytest
 
 from tests.eventgen import EventSet, generate
-from tests.live import LiveEnv, RedisServer, new_env, produce_paced, stop, stream, wait_until
+from tests.live import (
+    KafkaBroker,
+    LiveEnv,
+    RedisServer,
+    new_env,
+    produce_paced,
+    stop,
+    stream,
+    wait_until,
+)
 from tests.test_live_kafka import finish
 
 pytestmark = pytest.mark.services
@@ -167,3 +176,28 @@ def test_redis_restarted_having_lost_its_last_writes(kafka_bootstrap, tmp_path, 
         assert reloads > 0  # the lost writes were noticed
     finally:
         server.kill()
+
+
+def test_broker_restarted_mid_stream(redis_url, tmp_path, started) -> None:
+    """The broker is killed mid-stream and started again (same data): the evaluators
+    retry, the producer's unsent events follow once it is back. Exact."""
+    broker = KafkaBroker(tmp_path / "kafka")
+    broker.start()
+    try:
+        env = new_env(broker.bootstrap, redis_url, partitions=3, overrides=SHORT_IDLE)
+        events, late = dataset(65, env)
+        logs = [tmp_path / "a.log", tmp_path / "b.log"]
+        procs = [env.start(logs[0]), env.start(logs[1])]
+        started += procs
+        wait_until(
+            lambda: all(map(owns_partitions, logs)), 90, "both instances own partitions", procs
+        )
+        half = len(ordered(events, 65)) // 2
+        stream_ = ordered(events, 65)
+        produce_paced(env, stream_[:half], RATE).join()
+        broker.kill()  # mid-stream: half of the events are consumed or in the log
+        broker.start()
+        produce_paced(env, stream_[half:], RATE).join()
+        finish(env, events, late, procs, tmp_path, timeout=240)
+    finally:
+        broker.kill()

@@ -89,14 +89,18 @@ def feed(
                 offsets[kind] += len(payloads)
                 offs = range(start, start + len(payloads))
                 batches.append(PartitionBatch(kind, f"{kind}:0", payloads, offs))
-        tasks.apply(batches, ())
+        tasks.apply(batches, {})
         if stop.wait(limiter.delay(64)):
             return
-    ended = {f"{kind}:0" for kind in ("impressions", "interactions")}
-    tasks.apply([], ended)
+
+    def ended() -> dict[str, int]:
+        now = tasks.clock_ms()
+        return {f"{kind}:0": now for kind in ("impressions", "interactions")}
+
+    tasks.apply([], ended())
     idle_s = tasks.config.idle_timeout_ms / 1000.0
     if not stop.wait(idle_s):
-        tasks.apply([], ended)
+        tasks.apply([], ended())
 
 
 def run_demo(

@@ -22,6 +22,8 @@ from evaluator.timeutil import parse_duration_ms
 log = logging.getLogger("evaluator.run")
 
 MAX_BACKOFF_S = 30.0
+ENDS_EVERY_S = 1.0
+"""How often the broker is asked for end offsets (lag, and whether inputs are idle)."""
 ASSIGNMENT_TIMEOUT_S = 30.0
 """Rejoin the group when a rebalance produced no assignment for this long (a stall), or
 for twice the session timeout if longer: a rebalance waits that long for a dead member."""
@@ -174,10 +176,11 @@ def _loop(source: KafkaSource, tasks: Tasks, health: _Health, stop: threading.Ev
         source.commit_offsets({p: dict(o.offsets) for p, o in tasks.owned.items()})
         if time.monotonic() >= next_lag:
             try:
+                source.refresh_ends()
                 health.lag, health.kafka_error = source.lag(), ""
             except Exception as exc:  # reported by /readyz; polling retries by itself
                 health.kafka_error = str(exc) or type(exc).__name__
-            next_lag = time.monotonic() + 5.0
+            next_lag = time.monotonic() + ENDS_EVERY_S
 
 
 def _dead_letter(source: KafkaSource, tasks: Tasks) -> Callable[[list[Rejected]], None]:

@@ -63,8 +63,12 @@ class InputClock:
 
     max_event_ms: int | None = None
     caught_up_since_ms: int | None = None
-    """Wall clock since when its owner has been at the end offset with nothing new;
-    None: behind, or it delivered records in the last poll."""
+    """Wall clock of the first broker confirmation that its owner is at the end offset
+    with nothing new since; None: behind, or it delivered records in the last poll."""
+    confirmed_ms: int | None = None
+    """Wall clock of the latest such confirmation: the input is idle once the
+    confirmations span ``idle_timeout`` (an unreachable broker confirms nothing, so an
+    outage never makes an input idle)."""
 
 
 @dataclass(slots=True)
@@ -154,8 +158,9 @@ class PartitionEngine:
 
     def observe(self, name: str, max_event_ms: int | None, caught_up: bool, now_ms: int) -> None:
         """Progress of one input after a poll: the largest event time it delivered (None:
-        nothing new) and whether its owner has now consumed it to the end offset. It
-        goes idle after ``idle_timeout`` at the end with nothing new."""
+        nothing new) and whether the broker confirmed, at wall clock ``now_ms``, that
+        its owner has consumed it to the end offset. It goes idle once such
+        confirmations, with nothing new in between, span ``idle_timeout``."""
         clock = self.inputs.setdefault(name, InputClock())
         if max_event_ms is not None and (
             clock.max_event_ms is None or max_event_ms > clock.max_event_ms
@@ -164,23 +169,26 @@ class PartitionEngine:
         if max_event_ms is not None or not caught_up:
             # delivering, or behind: busy (a consumer keeping up with a live producer is
             # at the end after most polls, and must not count as idle)
-            clock.caught_up_since_ms = None
-        elif clock.caught_up_since_ms is None:
+            clock.caught_up_since_ms = clock.confirmed_ms = None
+            return
+        if clock.caught_up_since_ms is None:
             clock.caught_up_since_ms = now_ms
+        clock.confirmed_ms = now_ms
 
     def advance(self, now_ms: int) -> int | None:
         """Move the watermark: the smallest event time over inputs that are not idle,
         minus the tolerated out-of-orderness. An input is idle once its live owner has
-        been at its end offset for ``idle_timeout``; when every input is idle the
-        partition finalises by wall clock. Never moves back."""
+        been confirmed at its end offset, with nothing new, for ``idle_timeout``; when
+        every input is idle the partition finalises by wall clock (``now_ms``). Never
+        moves back."""
         idle_ms = self.config.idle_timeout_ms
         busy: list[int | None] = []
         seen: list[int] = []
         for clock in self.inputs.values():
             if clock.max_event_ms is not None:
                 seen.append(clock.max_event_ms)
-            since = clock.caught_up_since_ms
-            if since is None or now_ms - since < idle_ms:
+            since, last = clock.caught_up_since_ms, clock.confirmed_ms
+            if since is None or last is None or last - since < idle_ms:
                 busy.append(clock.max_event_ms)
         if not self.inputs:
             return self.watermark_ms

@@ -94,7 +94,8 @@ class KafkaSource:
         self.awaiting_since: float | None = time.monotonic()
         """When the group started (re)balancing without an assignment yet; None when settled."""
         self._ends: dict[TopicPartition, int] = {}
-        """End offsets found by the last :meth:`lag` call."""
+        """End offsets found by the last :meth:`refresh_ends`, and when (wall clock ms)."""
+        self._ends_at_ms = 0
         self._await_metadata(timeout_s=30.0)
         self._producer: KafkaProducer | None = None
 
@@ -140,17 +141,26 @@ class KafkaSource:
         wanted = set(numbers)
         self.consumer.pause(*[tp for tp in self.consumer.assignment() if tp.partition in wanted])
 
-    def caught_up(self) -> set[str]:
-        """Assigned inputs consumed to their end offset (as of the last fetch); an input
-        whose end is not known yet is not caught up."""
-        names = set()
+    def caught_up(self) -> dict[str, int]:
+        """Assigned inputs consumed to their end offset, with the wall clock (ms) of the
+        broker's answer that confirmed it (see :meth:`refresh_ends`). While the broker
+        does not answer, no new confirmation comes: an outage is not idleness."""
+        names: dict[str, int] = {}
         for tp in self.consumer.assignment():
+            end = self._ends.get(tp)
+            if end is None:
+                continue
             high = self.consumer.highwater(tp)
-            if high is None:  # no fetch answered yet: the end offsets of the last lag check
-                high = self._ends.get(tp)
-            if high is not None and self.consumer.position(tp) >= high:
-                names.add(self.name(tp))
+            if self.consumer.position(tp) >= max(end, high or 0):
+                names[self.name(tp)] = self._ends_at_ms
         return names
+
+    def refresh_ends(self, timeout_ms: int = 2_000) -> None:
+        """Ask the broker for the end offsets of the assigned partitions (raises when it
+        does not answer in time)."""
+        assigned = list(self.consumer.assignment())
+        self._ends = dict(self.consumer.end_offsets(assigned, timeout_ms=timeout_ms))
+        self._ends_at_ms = time.time_ns() // 1_000_000
 
     def commit_offsets(self, offsets: dict[int, dict[str, int]]) -> None:
         """Commit checkpointed offsets to Kafka too (for lag monitoring and tools; the
@@ -246,13 +256,13 @@ class KafkaSource:
         return names
 
     def lag(self) -> dict[str, int]:
-        """Messages behind the end of each assigned partition."""
-        assigned = list(self.consumer.assignment())
-        if not assigned:
-            return {}
-        ends = self.consumer.end_offsets(assigned)
-        self._ends = dict(ends)
-        return {self.name(tp): max(0, ends[tp] - self.consumer.position(tp)) for tp in assigned}
+        """Messages behind the end of each assigned partition (as of the last
+        :meth:`refresh_ends`)."""
+        return {
+            self.name(tp): max(0, end - self.consumer.position(tp))
+            for tp, end in self._ends.items()
+            if tp in self.consumer.assignment()
+        }
 
     def close(self) -> None:
         if self._producer is not None:
