@@ -12,7 +12,13 @@ from typing import Literal
 
 from evaluator.events import InvalidEvent
 
-Kind = Literal["impressions", "interactions"]
+Kind = Literal["impressions", "interactions", "repartition"]
+"""The input a batch came from; ``repartition`` batches carry events of both kinds,
+each payload tagged by its first byte (:data:`TAGS`)."""
+TAGS: dict[bytes, Literal["impressions", "interactions"]] = {
+    b"I": "impressions",
+    b"X": "interactions",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +81,8 @@ class PipelineStats:
     late: int = 0
     finalised: int = 0
     dead_lettered: int = 0
+    repartitioned: int = 0
+    """Events forwarded to their user's partition (the producer keyed them otherwise)."""
     store_errors: int = 0
     outcomes: Counter[str] = field(default_factory=Counter)
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)

@@ -184,6 +184,16 @@ class KafkaSettings(msgspec.Struct, forbid_unknown_fields=True):
     sasl_username: str = ""
     sasl_password: str = ""
     ssl_cafile: str = ""
+    partitioner: Literal["murmur2", "crc32", "trust"] = "murmur2"
+    """How producers choose a partition from the key (user id): events on another
+    partition than their user's are forwarded through ``repartition_topic``.
+    ``trust``: producers are known to co-partition; nothing is checked."""
+    repartition_topic: str = ""
+    """Internal topic for forwarded events (default ``<group_id>-repartition``); created
+    with the input topics' partition count when missing."""
+
+    def repartition(self) -> str:
+        return self.repartition_topic or f"{self.group_id}-repartition"
 
     def __post_init__(self) -> None:
         if self.max_poll_records < 1:

@@ -24,7 +24,8 @@ from evaluator.curves import BucketCurves
 from evaluator.engine.checkpoint import Delta, Outcome
 from evaluator.engine.partition import EngineConfig, PartitionEngine
 from evaluator.engine.state import PartitionState
-from evaluator.events import decode_impressions, decode_interactions
+from evaluator.partitioner import PartitionOf
+from evaluator.routing import Decoder, Forwarded
 from evaluator.stores.base import StateStore
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,9 @@ def engine_config(settings: Settings, partitions: int | None = None) -> EngineCo
         history_cap=settings.cold_start.min_relevant_history,
         attribute=settings.metrics.diversity_attribute,
         finalised_ttl_ms=settings.redis.ttl_s("finalised_ttl") * 1000,
+        inputs=("impressions", "interactions")
+        if settings.kafka.partitioner == "trust"
+        else ("impressions", "interactions", "repartition"),
     )
 
 
@@ -77,8 +81,13 @@ class Tasks:
         self.stats = PipelineStats()
         self.owned: dict[int, Owned] = {}
         self.curves = BucketCurves(store, settings, lambda: self.stats.finalised, partitions)
-        self.profile = settings.relevance.active()
-        self.max_list_length = settings.events.max_list_length
+        self.decoder = Decoder(
+            PartitionOf(settings.kafka.partitioner, partitions),
+            settings.relevance.active(),
+            settings.events.max_list_length,
+        )
+        self._pending: dict[int, list[bytes]] = {}
+        self._local_offsets: dict[int, int] = {}
 
     # --- ownership --------------------------------------------------------------
 
@@ -120,31 +129,52 @@ class Tasks:
 
     # --- processing -------------------------------------------------------------
 
+    def _forward_locally(self, forwarded: list[Forwarded]) -> None:
+        """Without a repartition topic (the demo, tests): hand forwarded events straight
+        to the owning partition's next batch."""
+        for f in forwarded:
+            self._pending.setdefault(f.partition, []).append(f.payload)
+
     def apply(
         self,
         batches: Sequence[PartitionBatch],
         caught_up: Mapping[str, int],
         dead_letter: Callable[[list[Rejected]], None] = lambda rejected: None,
+        forward: Callable[[list[Forwarded]], None] | None = None,
     ) -> tuple[list[int], list[int]]:
         """Join, finalise and checkpoint every owned partition (those without new
         records too: their event time may advance by idleness). ``caught_up``: inputs
         (``impressions:3``) the broker confirmed consumed to their end offset, with the
         wall clock (ms) of that confirmation. Invalid messages go to
-        ``dead_letter`` before the checkpoint that moves past them. Returns the
+        ``dead_letter``, and events of other partitions' users to ``forward``, before the
+        checkpoint that moves past them. Returns the
         partitions lost to a newer owner (fenced) and those whose stored state went
         back (Redis lost writes): the caller reloads those with :meth:`assign`."""
         started = time.perf_counter()
         now = self.clock_ms()
+        if forward is None:  # no repartition topic: its local stand-in is at its end
+            local = {f"repartition:{p}": now for p in self.owned if p not in self._pending}
+            caught_up = {**local, **caught_up}
+            forward = self._forward_locally
         grouped: dict[int, list[PartitionBatch]] = defaultdict(list)
         for batch in batches:
             grouped[partition_number(batch.partition)].append(batch)
+        for p, payloads in self._pending.items():  # forwarded locally in the last call
+            first = self._local_offsets.get(p, 0)
+            self._local_offsets[p] = first + len(payloads)
+            offsets = range(first, first + len(payloads))
+            grouped[p].append(PartitionBatch("repartition", f"repartition:{p}", payloads, offsets))
+        self._pending = {}
         fenced: list[int] = []
         stale: list[int] = []
         for p, owned in list(self.owned.items()):
             mine = grouped.get(p, [])
-            rejected = self._ingest(owned, mine, caught_up, now)
+            rejected, forwarded = self._ingest(owned, mine, caught_up, now)
             if rejected:
                 dead_letter(rejected)
+            if forwarded:  # durable in the repartition topic before the checkpoint
+                forward(forwarded)
+                self.stats.repartitioned += len(forwarded)
             outcome = self._checkpoint(p, owned, bool(mine))
             if outcome is Outcome.FENCED:
                 fenced.append(p)
@@ -159,10 +189,12 @@ class Tasks:
         batches: list[PartitionBatch],
         caught_up: Mapping[str, int],
         now: int,
-    ) -> list[Rejected]:
-        """Feed one partition's new records to its engine and advance its event time."""
+    ) -> tuple[list[Rejected], list[Forwarded]]:
+        """Feed one partition's new records to its engine and advance its event time;
+        returns the invalid messages and the events to forward to other partitions."""
         engine = owned.engine
         rejected: list[Rejected] = []
+        forwarded: list[Forwarded] = []
         latest: dict[str, int | None] = {}
         for batch in batches:
             if batch.offsets is None or not batch.payloads:
@@ -171,34 +203,21 @@ class Tasks:
             first = bisect.bisect_left(batch.offsets, owned.offsets.get(batch.kind, 0))
             if first == len(batch.payloads):
                 continue
-            payloads = batch.payloads[first:]
-            self.stats.consumed[batch.kind] += len(payloads)
-            times: list[int]
-            if batch.kind == "impressions":
-                imps, bad = decode_impressions(payloads, self.max_list_length)
-                engine.ingest(imps, _NO_INTERACTIONS)
-                times = imps.timestamp_ms
-            else:
-                ints, bad = decode_interactions(payloads, self.profile)
-                engine.ingest(_NO_IMPRESSIONS, ints)
-                times = ints.timestamp_ms
-            for invalid in bad:
-                self.stats.invalid[invalid.reason.value] += 1
-                at = first + invalid.index
-                rejected.append(
-                    Rejected(
-                        batch.kind, batch.partition, batch.offset(at), batch.payloads[at], invalid
-                    )
-                )
-            if times:
-                latest[batch.kind] = max(times)
+            self.stats.consumed[batch.kind] += len(batch.payloads) - first
+            routed = self.decoder.route(batch, first, engine.partition)
+            engine.ingest(routed.impressions, routed.interactions)
+            for bad in routed.rejected:
+                self.stats.invalid[bad.event.reason.value] += 1
+            rejected += routed.rejected
+            forwarded += routed.forwarded
+            latest[batch.kind] = routed.latest_ms()
             owned.offsets[batch.kind] = batch.offsets[-1] + 1
         p = engine.partition
         for name in self.config.inputs:
             confirmed = caught_up.get(f"{name}:{p}")
             engine.observe(name, latest.get(name), confirmed is not None, confirmed or now)
         engine.advance(now)
-        return rejected
+        return rejected, forwarded
 
     def _checkpoint(self, p: int, owned: Owned, consumed: bool) -> Outcome:
         """Finalise what is due and write the partition's checkpoint (skipped when
@@ -234,7 +253,3 @@ class Tasks:
         self.stats.late += counts.late
         self.stats.outcomes.update(counts.outcomes)
         return outcome
-
-
-_NO_IMPRESSIONS = decode_impressions([])[0]
-_NO_INTERACTIONS = decode_interactions([], Settings().relevance.active())[0]

@@ -150,10 +150,11 @@ def to_payloads(items: list[tuple[str, dict[str, Any]]], kind: str) -> list[tupl
 
 
 def produce_paced(
-    env: LiveEnv, ordered: list[tuple[str, dict[str, Any]]], rate: float
+    env: LiveEnv, ordered: list[tuple[str, dict[str, Any]]], rate: float, keyed: bool = True
 ) -> threading.Thread:
-    """Produce events in the given order at ``rate`` events/s (keyed by user), in a
-    background thread; returns the started thread."""
+    """Produce events in the given order at ``rate`` events/s (keyed by user, or
+    without keys: the client spreads them over partitions), in a background thread;
+    returns the started thread."""
 
     def send() -> None:
         producer = KafkaProducer(bootstrap_servers=env.bootstrap, acks="all", linger_ms=5)
@@ -162,7 +163,7 @@ def produce_paced(
             ahead = n / rate - (time.monotonic() - started)
             if ahead > 0:
                 time.sleep(ahead)  # pacing the producer, not waiting for a condition
-            key = e.get("user_id", "?").encode()
+            key = e.get("user_id", "?").encode() if keyed else None
             producer.send(f"{env.name}-{kind}", key=key, value=json.dumps(e).encode())
         producer.flush()
         producer.close()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-import zlib
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import pytest
 from evaluator.batches import PartitionBatch
 from evaluator.commands.replay import evaluate_files, load_events
 from evaluator.config import Settings
+from evaluator.partitioner import PartitionOf
 from evaluator.propensity_estimation import increments
 from evaluator.replay import attribute, dedupe_impressions
 from evaluator.replay import observations as observations_of
@@ -36,17 +36,24 @@ class FakeClock:
 
 
 def partition_of(user_id: str, partitions: int) -> int:
-    """The partition a user's events go to in these tests (any stable function will do:
-    the engine trusts the partition it is given)."""
-    return zlib.crc32(user_id.encode()) % partitions
+    """The partition a user's events go to (as a Kafka producer keyed by user id puts
+    them, with the default partitioner)."""
+    return PartitionOf("murmur2", partitions)([user_id])[0]
 
 
 def feed(
-    tasks: Tasks, events: EventSet, seed: int, batch: int = 64, end_ms: int | None = None
+    tasks: Tasks,
+    events: EventSet,
+    seed: int,
+    *,
+    batch: int = 64,
+    end_ms: int | None = None,
+    keyed: bool = True,
 ) -> dict[str, int]:
     """Deliver events in event-time order with small jitter, each user's to their
     partition, then let every input go idle with the wall clock at ``end_ms`` (default:
-    a day after the last event, so every request is final).
+    a day after the last event, so every request is final). ``keyed=False``: round
+    robin over the partitions, as a producer that does not key by user.
 
     Returns the watermark of its partition in force when each interaction was delivered.
     """
@@ -62,8 +69,8 @@ def feed(
     for start in range(0, len(stream), batch):
         chunk = stream[start : start + batch]
         parts: dict[str, list[bytes]] = defaultdict(list)
-        for kind, e in chunk:
-            p = partition_of(e.get("user_id", ""), n)
+        for i, (kind, e) in enumerate(chunk):
+            p = partition_of(e.get("user_id", ""), n) if keyed else (start + i) % n
             if kind == "interactions":
                 mark = tasks.owned[p].engine.watermark_ms
                 seen_at.setdefault(e["event_id"], -(2**62) if mark is None else mark)
@@ -82,6 +89,7 @@ def feed(
     last = max(e["timestamp"] for _, e in stream)
     clock.now = end_ms if end_ms is not None else last + 86_400_000  # type: ignore[attr-defined]
     names = [f"{kind}:{p}" for kind in ("impressions", "interactions") for p in range(n)]
+    tasks.apply([], {})  # what the last batches forwarded
     tasks.apply([], dict.fromkeys(names, clock.now))  # type: ignore[attr-defined]
     clock.now += tasks.config.idle_timeout_ms  # type: ignore[attr-defined]
     tasks.apply([], dict.fromkeys(names, clock.now))  # type: ignore[attr-defined]

@@ -158,7 +158,9 @@ def _loop(source: KafkaSource, tasks: Tasks, health: _Health, stop: threading.Ev
             source.awaiting_since = health.beat
         batches = source.poll()
         try:
-            fenced, stale = tasks.apply(batches, source.caught_up(), _dead_letter(source, tasks))
+            fenced, stale = tasks.apply(
+                batches, source.caught_up(), _dead_letter(source, tasks), source.forward
+            )
             delay = 0.5
         except Exception as exc:  # the store or the DLQ failed: resume from checkpoints
             tasks.stats.store_errors += 1

@@ -45,6 +45,9 @@ class EngineConfig:
     inputs: tuple[str, ...] = ("impressions", "interactions")
     """The engine's input streams: each holds the watermark back until it delivers or
     goes idle."""
+    eager: tuple[str, ...] = ("repartition",)
+    """Inputs idle as soon as they are confirmed at their end: the repartition topic
+    only carries events forwarded by other partitions, usually none."""
 
     @property
     def horizon_ms(self) -> int:
@@ -184,11 +187,12 @@ class PartitionEngine:
         idle_ms = self.config.idle_timeout_ms
         busy: list[int | None] = []
         seen: list[int] = []
-        for clock in self.inputs.values():
+        for name, clock in self.inputs.items():
             if clock.max_event_ms is not None:
                 seen.append(clock.max_event_ms)
             since, last = clock.caught_up_since_ms, clock.confirmed_ms
-            if since is None or last is None or last - since < idle_ms:
+            needed = 0 if name in self.config.eager else idle_ms
+            if since is None or last is None or last - since < needed:
                 busy.append(clock.max_event_ms)
         if not self.inputs:
             return self.watermark_ms

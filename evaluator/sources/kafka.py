@@ -13,12 +13,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from kafka.coordinator.assignors.range import RangePartitionAssignor
+from kafka.errors import TopicAlreadyExistsError
 from kafka.structs import OffsetAndMetadata
 
 from evaluator.batches import Kind, PartitionBatch, Rejected
 from evaluator.config import ConfigError, KafkaSettings
+from evaluator.routing import Forwarded
 from evaluator.timeutil import parse_duration_ms
 
 log = logging.getLogger(__name__)
@@ -77,6 +80,8 @@ class KafkaSource:
             settings.impressions_topic: "impressions",
             settings.interactions_topic: "interactions",
         }
+        if settings.partitioner != "trust":
+            self.kinds[settings.repartition()] = "repartition"
         self.consumer = KafkaConsumer(
             bootstrap_servers=settings.bootstrap_servers.split(","),
             group_id=settings.group_id,
@@ -89,6 +94,9 @@ class KafkaSource:
             # per topic, the same partition numbers to the same member: co-partitioned
             # topics give each member whole partitions (a user's events of both kinds)
             partition_assignment_strategy=[RangePartitionAssignor],
+            # a missing topic is an error (or, for the repartition topic, created with
+            # the right partition count), never auto-created with the broker's default
+            allow_auto_create_topics=False,
             **_security(settings),
         )
         self.awaiting_since: float | None = time.monotonic()
@@ -96,17 +104,17 @@ class KafkaSource:
         self._ends: dict[TopicPartition, int] = {}
         """End offsets found by the last :meth:`refresh_ends`, and when (wall clock ms)."""
         self._ends_at_ms = 0
-        self._await_metadata(timeout_s=30.0)
+        self._await_metadata([settings.impressions_topic, settings.interactions_topic], 30.0)
         self._producer: KafkaProducer | None = None
 
-    def _await_metadata(self, timeout_s: float) -> None:
-        """Wait until the broker knows both topics.
+    def _await_metadata(self, topics: list[str], timeout_s: float) -> None:
+        """Wait until the broker knows the topics.
 
         Joining the group before that gives an empty first assignment, and the
         rejoin that follows has been seen to stall in kafka-python.
         """
         deadline = time.monotonic() + timeout_s
-        missing = list(self.kinds)
+        missing = list(topics)
         while missing and time.monotonic() < deadline:
             missing = [t for t in missing if not self.consumer.partitions_for_topic(t)]
             if missing:
@@ -118,14 +126,56 @@ class KafkaSource:
         """The topics' common partition count; a ConfigError (one line at start-up)
         when they differ, since a user's events would then live in two partition
         numbers."""
-        counts = {t: len(self.consumer.partitions_for_topic(t) or ()) for t in self.kinds}
+        inputs = (self.settings.impressions_topic, self.settings.interactions_topic)
+        counts = {t: len(self.consumer.partitions_for_topic(t) or ()) for t in inputs}
         if len(set(counts.values())) != 1 or 0 in counts.values():
             listed = ", ".join(f"{t} has {n}" for t, n in counts.items())
             raise ConfigError(
                 f"kafka.impressions_topic and kafka.interactions_topic must be co-partitioned "
                 f"(the same number of partitions, keyed by user id): {listed}"
             )
-        return next(iter(counts.values()))
+        n = next(iter(counts.values()))
+        if "repartition" in self.kinds.values():
+            self._ensure_repartition_topic(n)
+        return n
+
+    def _ensure_repartition_topic(self, partitions: int) -> None:
+        """Create the repartition topic with the inputs' partition count (and the
+        impressions topic's replication) when missing; refuse one of another count."""
+        topic = self.settings.repartition()
+        found = self.consumer.partitions_for_topic(topic)
+        if not found:
+            admin = KafkaAdminClient(
+                bootstrap_servers=self.settings.bootstrap_servers.split(","),
+                client_id=self.settings.client_id + "-admin",
+                **_security(self.settings),
+            )
+            try:
+                described = admin.describe_topics([self.settings.impressions_topic])
+                first = described[0]["partitions"][0] if described else {}
+                replicas = len(first.get("replica_nodes") or [1])
+                admin.create_topics([NewTopic(topic, partitions, replicas)])
+                log.info("created the repartition topic %s (%d partitions)", topic, partitions)
+            except TopicAlreadyExistsError:
+                pass
+            finally:
+                admin.close()
+            self._await_metadata([topic], 30.0)
+            found = self.consumer.partitions_for_topic(topic)
+        if found and len(found) != partitions:
+            raise ConfigError(
+                f"kafka.repartition_topic {topic!r} has {len(found)} partitions; the input "
+                f"topics have {partitions}: delete it or name another"
+            )
+
+    def forward(self, forwarded: Sequence[Forwarded]) -> None:
+        """Send events to their user's partition of the repartition topic, durably
+        (flushed) before the checkpoint that moves past them."""
+        producer = self._ensure_producer()
+        topic = self.settings.repartition()
+        for f in forwarded:
+            producer.send(topic, value=f.payload, key=f.key, partition=f.partition)
+        producer.flush()
 
     def seek(self, resume: dict[int, dict[str, int]]) -> None:
         """Move each (partition number, kind) to its checkpointed offset."""
@@ -210,16 +260,10 @@ class KafkaSource:
         """Copy invalid messages to ``<topic><dlq_suffix>`` with the reason in headers."""
         if not rejected or not self.settings.dlq_suffix:
             return
-        if self._producer is None:
-            self._producer = KafkaProducer(
-                bootstrap_servers=self.settings.bootstrap_servers.split(","),
-                client_id=self.settings.client_id + "-dlq",
-                acks="all",
-                **_security(self.settings),
-            )
+        producer = self._ensure_producer()
         for bad in rejected:
             topic = self._topic(bad.kind)
-            self._producer.send(
+            producer.send(
                 topic + self.settings.dlq_suffix,
                 value=bad.payload,
                 headers=[
@@ -228,7 +272,18 @@ class KafkaSource:
                     ("source", f"{topic}/{bad.partition.split(':')[1]}@{bad.offset}".encode()),
                 ],
             )
-        self._producer.flush()
+        producer.flush()
+
+    def _ensure_producer(self) -> KafkaProducer:
+        """The producer for dead letters and forwarded events (created on first use)."""
+        if self._producer is None:
+            self._producer = KafkaProducer(
+                bootstrap_servers=self.settings.bootstrap_servers.split(","),
+                client_id=self.settings.client_id + "-producer",
+                acks="all",
+                **_security(self.settings),
+            )
+        return self._producer
 
     def commit(self, batches: Sequence[PartitionBatch] | None = None) -> None:
         """Commit after a batch is durable: the positions reached by the last poll, or,
