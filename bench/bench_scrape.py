@@ -3,7 +3,8 @@
     make services && eval "$(python3 scripts/services.py env)"
     .venv/bin/python bench/bench_scrape.py [--repeats 30]
 
-Fills a fresh Redis prefix with a day of finalised requests for 10 variants
+Fills a fresh Redis prefix with a day of finalised requests for 10 variants over
+4 partitions, written by partition checkpoints as `evaluator run` writes them
 (every bucket of every window populated), then times the full exposition
 (`generate_latest`): the first scrape with cold caches, scrapes with nothing
 new, and scrapes right after 500 new requests were committed (live traffic).
@@ -24,6 +25,7 @@ from _common import machine
 from prometheus_client import CollectorRegistry, generate_latest
 
 from evaluator.config import load_settings
+from evaluator.engine.checkpoint import Delta
 from evaluator.exporters.http import CachedExposition, serve
 from evaluator.exporters.prometheus import WindowCollector
 from evaluator.finalise import Finalised, OpenRequest
@@ -33,8 +35,29 @@ T0 = 1_700_000_000_000
 DAY = 86_400_000
 
 
+PARTITIONS = 4
+
+
+class Owner:
+    """Writes finalised requests into the store as the owner of every partition."""
+
+    def __init__(self, store: RedisStore) -> None:
+        self.store = store
+        self.claims = {p: store.claim(p) for p in range(PARTITIONS)}
+        self.seq = {p: c.seq for p, c in self.claims.items()}
+
+    def commit(self, done: Finalised, partition: int) -> None:
+        delta = Delta({}, {"finalised": len(done.requests)}, {}, {}, None, 0, None, [done])
+        claim = self.claims[partition]
+        assert (
+            self.store.checkpoint(partition, claim.epoch, self.seq[partition], delta).value
+            == "written"
+        )
+        self.seq[partition] += 1
+
+
 def commit_batch(
-    store: RedisStore,
+    owner: Owner,
     rng: np.random.Generator,
     first: int,
     n: int,
@@ -43,42 +66,37 @@ def commit_batch(
     lo_ms: int,
     hi_ms: int,
 ) -> None:
-    """Commit ``n`` finalised requests with deadlines in [lo_ms, hi_ms)."""
-    layout = store.layout
-    reqs = [
-        OpenRequest(
-            f"r{first + i}",
-            f"u{rng.integers(50_000)}",
-            f"v{i % variants}",
-            0,
-            [f"p{rng.integers(20_000)}" for _ in range(20)],
+    """Checkpoint ``n`` finalised requests with deadlines in [lo_ms, hi_ms), spread over
+    the partitions."""
+    layout = owner.store.layout
+    for partition in range(PARTITIONS):
+        m = n // PARTITIONS + (partition < n % PARTITIONS)
+        reqs = [
+            OpenRequest(
+                f"r{first + partition}-{i}",
+                f"u{rng.integers(50_000)}",
+                f"v{i % variants}",
+                0,
+                [f"p{rng.integers(20_000)}" for _ in range(20)],
+            )
+            for i in range(m)
+        ]
+        rows = rng.random((m, layout.row_width))
+        rows[:, 0] = 1
+        deadline = np.sort(rng.integers(lo_ms, hi_ms, m)).astype(np.int64)
+        local = rng.integers(0, layout.local_buckets, m)
+        done = Finalised(
+            reqs, rows, rng.integers(0, 2, m), partition + PARTITIONS * local, deadline, Counter()
         )
-        for i in range(n)
-    ]
-    rows = rng.random((n, layout.row_width))
-    rows[:, 0] = 1
-    deadline = np.sort(rng.integers(lo_ms, hi_ms, n)).astype(np.int64)
-    done = Finalised(
-        reqs,
-        rows,
-        rng.integers(0, 2, n),
-        rng.integers(0, layout.user_buckets, n),
-        deadline,
-        Counter(),
-    )
-    pipe = store.client.pipeline(transaction=False)  # open, as the ingest script leaves them
-    for r, bucket in zip(reqs, done.user_bucket.tolist(), strict=True):
-        pipe.set(f"{store.tag(bucket % layout.shards)}r:{r.request_id}", "x")
-    pipe.execute()
-    store.commit(done)
+        owner.commit(done, partition)
 
 
-def fill(store: RedisStore, requests: int, variants: int, seed: int = 0) -> int:
+def fill(owner: Owner, requests: int, variants: int, seed: int = 0) -> int:
     """A day of finalised requests; returns the frontier (end of the day)."""
     rng = np.random.default_rng(seed)
     for start in range(0, requests, 5_000):
         commit_batch(
-            store,
+            owner,
             rng,
             start,
             min(5_000, requests - start),
@@ -103,8 +121,10 @@ def main() -> None:
     args = parser.parse_args()
     prefix = f"bench-scrape-{uuid.uuid4().hex[:6]}"
     settings = load_settings(environ={"EVALUATOR_REDIS__KEY_PREFIX": prefix})
-    store = RedisStore(connect(os.environ["REDIS_URL"]), settings.layout(), prefix=prefix)
-    frontier = fill(store, args.requests, variants=10)
+    layout = settings.layout(PARTITIONS)
+    store = RedisStore(connect(os.environ["REDIS_URL"]), layout, prefix=prefix)
+    owner = Owner(store)
+    frontier = fill(owner, args.requests, variants=10)
     registry = CollectorRegistry()  # process counters would be here; window metrics below
     collector = WindowCollector(store, settings, lambda: frontier)
     cold, _ = timed(registry, collector)
@@ -114,7 +134,7 @@ def main() -> None:
         warm.append(timed(registry, collector)[0])
         # live traffic: 500 more requests land in the newest minute before the next scrape
         commit_batch(
-            store, rng, 10**7 + i * 500, 500, variants=10, lo_ms=frontier - 60_000, hi_ms=frontier
+            owner, rng, 10**7 + i * 500, 500, variants=10, lo_ms=frontier - 60_000, hi_ms=frontier
         )
         seconds, text = timed(registry, collector)
         steady.append(seconds)
@@ -127,7 +147,7 @@ def main() -> None:
     http, refresh = [], []
     for i in range(args.repeats):
         commit_batch(
-            store,
+            owner,
             rng,
             2 * 10**7 + i * 500,
             500,

@@ -31,6 +31,16 @@ from evaluator.stores.base import StateStore
 log = logging.getLogger(__name__)
 
 
+MARKS_EVERY_MS = 500
+"""How often the partitions' own watermarks are read while events are forwarded."""
+FORWARDING_SPAN = 10
+"""Forwarding counts as active for this many idle timeouts after the latest forward."""
+BOUNDS_KEPT = 16
+"""Recent bounds kept, so one read before the latest confirmation is always there."""
+NO_LIMIT = -(2**62)
+"""A limit that holds the watermark where it is."""
+
+
 def engine_config(settings: Settings, partitions: int | None = None) -> EngineConfig:
     """The engine's settings, as plain values."""
     return EngineConfig(
@@ -56,7 +66,10 @@ class Owned:
     """Checkpoints written so far (the store refuses a write that does not follow it)."""
     offsets: dict[str, int] = field(default_factory=dict)
     """Input -> next offset to consume, as of the last checkpoint."""
-    written_watermark_ms: int | None = None
+    written_marks: tuple[int | None, int | None] = (None, None)
+    """(watermark, own watermark) as of the last checkpoint."""
+    forwarded_ms: int | None = None
+    """Wall clock of the latest event this partition forwarded."""
 
 
 def partition_number(name: str) -> int:
@@ -88,6 +101,12 @@ class Tasks:
         )
         self._pending: dict[int, list[bytes]] = {}
         self._local_offsets: dict[int, int] = {}
+        self._marks_read_ms = -(2**62)
+        self._started_ms: int | None = None
+        self._bounds: list[tuple[int, int]] = []
+        """The latest (wall clock of the store read, smallest own watermark) pairs while
+        partitions may forward."""
+        self._limit: dict[int, int] = {}
 
     # --- ownership --------------------------------------------------------------
 
@@ -103,7 +122,11 @@ class Tasks:
             )
             engine = PartitionEngine(p, self.config, state, stored.watermark_ms, stored.times)
             self.owned[p] = Owned(
-                engine, stored.epoch, stored.seq, dict(stored.offsets), stored.watermark_ms
+                engine,
+                stored.epoch,
+                stored.seq,
+                dict(stored.offsets),
+                (stored.watermark_ms, stored.watermark_ms),
             )
             resume[p] = dict(stored.offsets)
             log.info(
@@ -167,14 +190,16 @@ class Tasks:
         self._pending = {}
         fenced: list[int] = []
         stale: list[int] = []
+        limits = self._limits(caught_up, now)
         for p, owned in list(self.owned.items()):
             mine = grouped.get(p, [])
-            rejected, forwarded = self._ingest(owned, mine, caught_up, now)
+            rejected, forwarded = self._ingest(owned, mine, caught_up, now, limits.get(p))
             if rejected:
                 dead_letter(rejected)
             if forwarded:  # durable in the repartition topic before the checkpoint
                 forward(forwarded)
                 self.stats.repartitioned += len(forwarded)
+                owned.forwarded_ms = now
             outcome = self._checkpoint(p, owned, bool(mine))
             if outcome is Outcome.FENCED:
                 fenced.append(p)
@@ -189,6 +214,7 @@ class Tasks:
         batches: list[PartitionBatch],
         caught_up: Mapping[str, int],
         now: int,
+        limit: int | None,
     ) -> tuple[list[Rejected], list[Forwarded]]:
         """Feed one partition's new records to its engine and advance its event time;
         returns the invalid messages and the events to forward to other partitions."""
@@ -216,8 +242,47 @@ class Tasks:
         for name in self.config.inputs:
             confirmed = caught_up.get(f"{name}:{p}")
             engine.observe(name, latest.get(name), confirmed is not None, confirmed or now)
-        engine.advance(now)
+        engine.advance(now, limit)
         return rejected, forwarded
+
+    def _limits(self, caught_up: Mapping[str, int], now: int) -> dict[int, int]:
+        """While any partition forwards events (producers not keying by user), a
+        partition may only finalise up to the smallest own watermark over all partitions:
+        below it every partition has forwarded what it holds. The bound read from the
+        store at time r applies to a partition once its repartition input was confirmed
+        at its end after r (it has then consumed everything forwarded before r). With
+        producers keyed by user nothing is forwarded and partitions are independent once
+        FORWARDING_SPAN idle timeouts have passed without a forward."""
+        if not self.decoder.partition_of.checks:
+            return {}
+        if now - self._marks_read_ms >= MARKS_EVERY_MS:
+            self._marks_read_ms = now
+            marks = self.store.marks()
+            recent = now - self.config.idle_timeout_ms * FORWARDING_SPAN
+            if self._started_ms is None:
+                self._started_ms = now
+            # bounded from the start (a first forward may be on its way) until no
+            # partition has forwarded for the whole span
+            young = self._started_ms >= recent
+            forwarding = any(
+                m.forwarded_ms is not None and m.forwarded_ms >= recent for m in marks.values()
+            )
+            if young or forwarding:
+                owns = [m.own_ms for m in marks.values()]
+                bound = min(o for o in owns if o is not None) if None not in owns else NO_LIMIT
+                self._bounds.append((now, bound))
+                del self._bounds[:-BOUNDS_KEPT]
+            else:
+                self._bounds, self._limit = [], {}
+        if not self._bounds:
+            return {}
+        for p in self.owned:
+            confirmed = caught_up.get(f"repartition:{p}", -1)
+            # the newest bound read before the repartition input was confirmed at its end
+            usable = [bound for read_at, bound in self._bounds if read_at <= confirmed]
+            if usable:
+                self._limit[p] = max(self._limit.get(p, NO_LIMIT), usable[-1])
+        return {p: self._limit.get(p, NO_LIMIT) for p in self.owned}
 
     def _checkpoint(self, p: int, owned: Owned, consumed: bool) -> Outcome:
         """Finalise what is due and write the partition's checkpoint (skipped when
@@ -225,7 +290,7 @@ class Tasks:
         engine = owned.engine
         done = engine.finalise_due(self.curves.group)
         changes, counts = engine.take()
-        moved = engine.watermark_ms != owned.written_watermark_ms
+        moved = (engine.watermark_ms, engine.own_ms) != owned.written_marks
         if not (consumed or changes or done or counts.duplicates or counts.late or moved):
             return Outcome.WRITTEN
         delta = Delta(
@@ -237,6 +302,8 @@ class Tasks:
             engine.open_requests(),
             engine.readout_ms(),
             done,
+            engine.own_ms,
+            owned.forwarded_ms,
         )
         outcome = self.store.checkpoint(p, owned.epoch, owned.seq, delta)
         if outcome is not Outcome.WRITTEN:
@@ -247,7 +314,7 @@ class Tasks:
                 log.warning("partition %d: the stored state went back (lost writes?); reloading", p)
             return outcome
         owned.seq += 1
-        owned.written_watermark_ms = engine.watermark_ms
+        owned.written_marks = (engine.watermark_ms, engine.own_ms)
         self.stats.finalised += counts.finalised
         self.stats.duplicates += counts.duplicates
         self.stats.late += counts.late

@@ -165,3 +165,15 @@ def test_an_input_keeping_up_with_a_live_producer_is_not_idle() -> None:
         engine.observe("impressions", t, caught_up=True, now_ms=now)
         engine.observe("interactions", t, caught_up=True, now_ms=now)
         assert engine.advance(now) == t - 5_000
+
+
+def test_a_limit_holds_the_watermark_and_never_moves_it_back() -> None:
+    settings = load_settings(environ={})
+    engine = PartitionEngine(0, engine_config(settings))
+    engine.observe("impressions", 100_000, caught_up=False, now_ms=0)
+    engine.observe("interactions", 100_000, caught_up=False, now_ms=0)
+    assert engine.advance(0, limit_ms=-(2**62)) is None  # unknown: hold
+    assert engine.advance(0, limit_ms=50_000) == 50_000
+    assert engine.own_ms == 95_000  # what the others wait for is not limited
+    assert engine.advance(0, limit_ms=40_000) == 50_000
+    assert engine.advance(0) == 95_000

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.eventgen import EventSet, generate
+from tests.eventgen import EventSet
 from tests.live import (
     KafkaBroker,
     LiveEnv,
@@ -29,6 +29,7 @@ from tests.live import (
     stream,
     wait_until,
 )
+from tests.test_live_kafka import dataset as live_dataset
 from tests.test_live_kafka import finish
 
 pytestmark = pytest.mark.services
@@ -46,20 +47,8 @@ SHORT_IDLE: dict[str, str | None] = {
 
 
 def dataset(seed: int, env: LiveEnv) -> tuple[EventSet, list[dict[str, Any]]]:
-    """About 8,000 events of 300 users (out of order, duplicated, joined by request and
-    by user), and the request-id interactions later than their request's deadline,
-    held back to be sent once everything else is final."""
-    events = generate(seed, requests=3_000, users=300, catalog=3_000)
-    shown = {e["request_id"]: e["timestamp"] for e in events.impressions}
-    config = env.settings().finalise_config()
-    late = [
-        it
-        for it in events.interactions
-        if "request_id" in it and it["timestamp"] > config.deadline(shown[it["request_id"]])
-    ]
-    held = {id(it) for it in late}
-    events.interactions = [it for it in events.interactions if id(it) not in held]
-    return events, late
+    """About 8,000 events of 300 users, and the late interactions held back."""
+    return live_dataset(seed, env.settings(), requests=3_000, users=300)
 
 
 def ordered(events: EventSet, seed: int) -> list[tuple[str, dict[str, Any]]]:
@@ -82,16 +71,24 @@ def owns_partitions(log: Path) -> bool:
     return log.exists() and "epoch" in log.read_text(errors="replace")
 
 
+def two_instances(
+    env: LiveEnv, tmp_path: Path, started: list[subprocess.Popen[bytes]]
+) -> tuple[list[subprocess.Popen[bytes]], list[Path]]:
+    """Two evaluators in one group, once both own partitions."""
+    logs = [tmp_path / "a.log", tmp_path / "b.log"]
+    procs = [env.start(logs[0]), env.start(logs[1])]
+    started += procs
+    wait_until(lambda: all(map(owns_partitions, logs)), 90, "both instances own partitions", procs)
+    return procs, logs
+
+
 @pytest.mark.parametrize("timeouts", [DEFAULTS, SHORT_IDLE], ids=["defaults", "short-idle"])
 def test_sigkill_with_a_backlog_and_restart_is_exact(
     kafka_bootstrap, redis_url, tmp_path, started, timeouts
 ) -> None:
     env = new_env(kafka_bootstrap, redis_url, partitions=3, overrides=timeouts)
     events, late = dataset(61, env)
-    logs = [tmp_path / "a.log", tmp_path / "b.log"]
-    procs = [env.start(logs[0]), env.start(logs[1])]
-    started += procs
-    wait_until(lambda: all(map(owns_partitions, logs)), 90, "both instances own partitions", procs)
+    procs, _ = two_instances(env, tmp_path, started)
     producer = produce_paced(env, ordered(events, 61), RATE)
     time.sleep(3.0)  # the kill lands 3 s into the stream, by design
     procs[0].send_signal(signal.SIGKILL)
@@ -107,10 +104,7 @@ def test_sigkill_without_restart_the_survivor_takes_over(
 ) -> None:
     env = new_env(kafka_bootstrap, redis_url, partitions=3, overrides=SHORT_IDLE)
     events, late = dataset(62, env)
-    logs = [tmp_path / "a.log", tmp_path / "b.log"]
-    procs = [env.start(logs[0]), env.start(logs[1])]
-    started += procs
-    wait_until(lambda: all(map(owns_partitions, logs)), 90, "both instances own partitions", procs)
+    procs, logs = two_instances(env, tmp_path, started)
     producer = produce_paced(env, ordered(events, 62), RATE)
     time.sleep(3.0)  # the kill lands 3 s into the stream, by design
     procs[0].send_signal(signal.SIGKILL)
@@ -126,10 +120,7 @@ def test_a_zombie_owner_is_fenced(kafka_bootstrap, redis_url, tmp_path, started)
     writes are refused (it drops those partitions) and the results stay exact."""
     env = new_env(kafka_bootstrap, redis_url, partitions=3, overrides=SHORT_IDLE)
     events, late = dataset(63, env)
-    logs = [tmp_path / "a.log", tmp_path / "b.log"]
-    procs = [env.start(logs[0]), env.start(logs[1])]
-    started += procs
-    wait_until(lambda: all(map(owns_partitions, logs)), 90, "both instances own partitions", procs)
+    procs, logs = two_instances(env, tmp_path, started)
     producer = produce_paced(env, ordered(events, 63), RATE)
     time.sleep(2.0)  # the pause lands mid-stream, by design
     procs[0].send_signal(signal.SIGSTOP)
@@ -157,12 +148,7 @@ def test_redis_restarted_having_lost_its_last_writes(kafka_bootstrap, tmp_path, 
     try:
         env = new_env(kafka_bootstrap, server.url, partitions=3, overrides=SHORT_IDLE)
         events, late = dataset(64, env)
-        logs = [tmp_path / "a.log", tmp_path / "b.log"]
-        procs = [env.start(logs[0]), env.start(logs[1])]
-        started += procs
-        wait_until(
-            lambda: all(map(owns_partitions, logs)), 90, "both instances own partitions", procs
-        )
+        procs, logs = two_instances(env, tmp_path, started)
         producer = produce_paced(env, ordered(events, 64), RATE)
         time.sleep(1.5)  # mid-stream, by design
         earlier = server.snapshot()
@@ -186,12 +172,7 @@ def test_broker_restarted_mid_stream(redis_url, tmp_path, started) -> None:
     try:
         env = new_env(broker.bootstrap, redis_url, partitions=3, overrides=SHORT_IDLE)
         events, late = dataset(65, env)
-        logs = [tmp_path / "a.log", tmp_path / "b.log"]
-        procs = [env.start(logs[0]), env.start(logs[1])]
-        started += procs
-        wait_until(
-            lambda: all(map(owns_partitions, logs)), 90, "both instances own partitions", procs
-        )
+        procs, _ = two_instances(env, tmp_path, started)
         half = len(ordered(events, 65)) // 2
         stream_ = ordered(events, 65)
         produce_paced(env, stream_[:half], RATE).join()
@@ -201,3 +182,16 @@ def test_broker_restarted_mid_stream(redis_url, tmp_path, started) -> None:
         finish(env, events, late, procs, tmp_path, timeout=240)
     finally:
         broker.kill()
+
+
+def test_producers_that_do_not_key_by_user_are_exact(
+    kafka_bootstrap, redis_url, tmp_path, started
+) -> None:
+    """Events produced without keys land on any partition: each is forwarded, keyed by
+    user, through the repartition topic to its user's partition, and partitions wait
+    for each other while forwarding goes on. Exact, only slower."""
+    env = new_env(kafka_bootstrap, redis_url, partitions=3, overrides=SHORT_IDLE)
+    events, late = dataset(66, env)
+    procs, _ = two_instances(env, tmp_path, started)
+    produce_paced(env, ordered(events, 66), RATE, keyed=False).join()
+    finish(env, events, late, procs, tmp_path, timeout=240)

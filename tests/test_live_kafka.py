@@ -46,12 +46,14 @@ BAD_INTERACTIONS = [
 ]
 
 
-def dataset(seed: int, settings) -> tuple[EventSet, list[dict[str, Any]]]:
+def dataset(
+    seed: int, settings, requests: int = 400, users: int = 25
+) -> tuple[EventSet, list[dict[str, Any]]]:
     """Generated events (out of order, duplicated, user joins), and the request-id
     interactions later than their request's deadline, held back to send late. Once the
     topics are consumed, every partition goes idle and finalises by the wall clock
     (years after the events)."""
-    events = generate(seed, requests=400, catalog=3_000)  # coverage far from saturated
+    events = generate(seed, requests=requests, users=users, catalog=3_000)  # coverage unsaturated
     shown = {e["request_id"]: e["timestamp"] for e in events.impressions}
     config = settings.finalise_config()
     late = [
@@ -189,7 +191,14 @@ def test_two_instances_on_redis_cluster(kafka_bootstrap, redis_cluster_url, tmp_
 
 
 def test_sigkill_mid_stream_loses_and_doubles_nothing(kafka_bootstrap, redis_url, tmp_path) -> None:
-    env = new_env(kafka_bootstrap, redis_url)
+    """Half the stream, SIGKILL, the other half to a new instance. The idle timeout is
+    longer than the kill takes: the first instance must not finalise the first half
+    by idleness before the second half exists (it would rightly count the second
+    half's interactions with those requests as late: the race that made this test
+    flaky)."""
+    env = new_env(
+        kafka_bootstrap, redis_url, overrides={"EVALUATOR_EVENT_TIME__IDLE_TIMEOUT": "15s"}
+    )
     events, late = dataset(33, env.settings())
     cut = sorted(e["timestamp"] for e in events.impressions)[len(events.impressions) // 2]
     first_half = EventSet(

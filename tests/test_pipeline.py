@@ -23,7 +23,11 @@ def tasks_on(store, settings) -> Tasks:
 
 @pytest.mark.parametrize("seed", [21, 22])
 def test_live_path_equals_replay(tmp_path, make_store, seed: int) -> None:
-    settings = load_settings(environ={}, overrides={"event_time": {"max_out_of_orderness": "5s"}})
+    """Keyed producers (``trust``): every partition on its own event time."""
+    settings = load_settings(
+        environ={},
+        overrides={"event_time": {"max_out_of_orderness": "5s"}, "kafka": {"partitioner": "trust"}},
+    )
     store = make_store(settings.layout(PARTITIONS))
     tasks = tasks_on(store, settings)
     events = generate(seed)

@@ -40,6 +40,10 @@ class Delta:
     """Event time the readout may show this partition at: its watermark, but never past
     its data (an idle partition's watermark follows the wall clock)."""
     finalised: list[Finalised] = field(default_factory=list)
+    own_ms: int | None = None
+    """The partition's own watermark (see ``PartitionEngine.own_ms``)."""
+    forwarded_ms: int | None = None
+    """Wall clock of the latest event this partition forwarded, if any."""
 
 
 class Outcome(enum.Enum):
@@ -51,3 +55,11 @@ class Outcome(enum.Enum):
     STALE = "stale"
     """The store's copy is not the one this owner last wrote (it lost writes, or lost
     this owner's claim): nothing was written; reload the partition."""
+
+
+@dataclass(frozen=True, slots=True)
+class Marks:
+    """What a partition tells the others: its own watermark and when it last forwarded."""
+
+    own_ms: int | None
+    forwarded_ms: int | None

@@ -27,6 +27,9 @@ from evaluator.finalise import (
     finalise,
 )
 
+HOLD_MS = -(2**61)
+"""A limit at or below this holds the watermark where it is (None stays None)."""
+
 Configure = Callable[[list[OpenRequest]], list[tuple[FinaliseConfig, list[OpenRequest]]]]
 """Groups due requests by the finalisation config they use (one curve per bucket)."""
 
@@ -100,6 +103,9 @@ class PartitionEngine:
         self.state = state or PartitionState(history_cap=config.history_cap)
         self.watermark_ms = watermark_ms
         """Never moves back; None until every input has delivered (or gone idle)."""
+        self.own_ms: int | None = watermark_ms
+        """The watermark of this partition's own inputs, before any limit: what other
+        partitions wait for while they receive events forwarded from here."""
         known = inputs or {}
         self.inputs: dict[str, InputClock] = {
             name: InputClock(max_event_ms=known.get(name)) for name in config.inputs
@@ -178,12 +184,13 @@ class PartitionEngine:
             clock.caught_up_since_ms = now_ms
         clock.confirmed_ms = now_ms
 
-    def advance(self, now_ms: int) -> int | None:
+    def advance(self, now_ms: int, limit_ms: int | None = None) -> int | None:
         """Move the watermark: the smallest event time over inputs that are not idle,
         minus the tolerated out-of-orderness. An input is idle once its live owner has
         been confirmed at its end offset, with nothing new, for ``idle_timeout``; when
-        every input is idle the partition finalises by wall clock (``now_ms``). Never
-        moves back."""
+        every input is idle the partition finalises by wall clock (``now_ms``).
+        ``limit_ms``: it goes no further (other partitions may still forward events
+        up to there). Never moves back."""
         idle_ms = self.config.idle_timeout_ms
         busy: list[int | None] = []
         seen: list[int] = []
@@ -203,6 +210,12 @@ class PartitionEngine:
         else:
             base = max([*seen, now_ms])
         candidate = base - self.config.max_out_of_orderness_ms
+        if self.own_ms is None or candidate > self.own_ms:
+            self.own_ms = candidate
+        if limit_ms is not None:
+            if limit_ms <= HOLD_MS:  # other partitions' progress is unknown yet: hold
+                return self.watermark_ms
+            candidate = min(candidate, limit_ms)
         if self.watermark_ms is None or candidate > self.watermark_ms:
             self.watermark_ms = candidate
         return self.watermark_ms

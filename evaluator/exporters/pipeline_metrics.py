@@ -59,6 +59,11 @@ class PipelineCollector(Collector):
                 "Messages copied to a dead-letter topic.",
                 s.dead_lettered,
             ),
+            (
+                "recsys_eval_repartitioned_events",
+                "Events forwarded to their user's partition (producers not keying by user).",
+                s.repartitioned,
+            ),
             ("recsys_eval_late_events", "Interactions for requests already finalised.", s.late),
             ("recsys_eval_duplicate_events", "Repeated events ignored.", s.duplicates),
             ("recsys_eval_finalised_requests", "Requests finalised by this instance.", s.finalised),

@@ -19,7 +19,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from evaluator.engine.checkpoint import Checkpoint, Delta, Outcome
+from evaluator.engine.checkpoint import Checkpoint, Delta, Marks, Outcome
 from evaluator.windows import AggregateLayout
 
 FloatArray = npt.NDArray[np.float64]
@@ -49,6 +49,11 @@ class StateStore(Protocol):
         """The readout's event time: the furthest any partition's readout time has got
         (its watermark capped at its data, see
         :attr:`~evaluator.engine.checkpoint.Delta.readout_ms`); None before any."""
+        ...
+
+    def marks(self) -> dict[int, Marks]:
+        """Every partition's own watermark and latest forwarding (for partitions that
+        receive forwarded events)."""
         ...
 
     def open_requests(self, watermark_ms: int) -> tuple[int, int]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from evaluator.engine.checkpoint import Checkpoint, Delta, Outcome
+from evaluator.engine.checkpoint import Checkpoint, Delta, Marks, Outcome
 from evaluator.finalise import Finalised
 from evaluator.propensity_estimation import (
     DAY_MS,
@@ -37,6 +37,8 @@ class _Partition:
     times: dict[str, int] = field(default_factory=dict)
     watermark_ms: int | None = None
     readout_ms: int | None = None
+    own_ms: int | None = None
+    forwarded_ms: int | None = None
     open_requests: int = 0
 
 
@@ -124,6 +126,10 @@ class MemoryStore:
                 part.watermark_ms = delta.watermark_ms
             if delta.readout_ms is not None:
                 part.readout_ms = delta.readout_ms
+            if delta.own_ms is not None:
+                part.own_ms = delta.own_ms
+            if delta.forwarded_ms is not None:
+                part.forwarded_ms = delta.forwarded_ms
             part.open_requests = delta.open_requests
             self._counters.update({k: v for k, v in delta.counters.items() if v})
             observed: dict[int, list[Observation]] = {}
@@ -133,6 +139,14 @@ class MemoryStore:
                 self._add_propensity(observed, done.propensity_positions)
                 observed = {}
             return Outcome.WRITTEN
+
+    def marks(self) -> dict[int, Marks]:
+        with self._lock:
+            parts = dict(self._parts)
+        return {
+            p: Marks(parts[p].own_ms, parts[p].forwarded_ms) if p in parts else Marks(None, None)
+            for p in range(self.layout.shards)
+        }
 
     def frontier(self) -> int | None:
         with self._lock:

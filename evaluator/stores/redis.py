@@ -33,7 +33,7 @@ from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
 from evaluator.config import ConfigError
-from evaluator.engine.checkpoint import Checkpoint, Delta, Outcome
+from evaluator.engine.checkpoint import Checkpoint, Delta, Marks, Outcome
 from evaluator.propensity_estimation import (
     DAY_MS,
     first_kept_day,
@@ -233,6 +233,10 @@ class RedisStore:
             meta += ["wm", delta.watermark_ms]
         if delta.readout_ms is not None:
             meta += ["rt", delta.readout_ms]
+        if delta.own_ms is not None:
+            meta += ["ow", delta.own_ms]
+        if delta.forwarded_ms is not None:
+            meta += ["fw", delta.forwarded_ms]
         meta += ["open", delta.open_requests]
         counters = [x for k, v in delta.counters.items() if v for x in (k, v)]
         payload: tuple[Any, ...] = (
@@ -268,6 +272,13 @@ class RedisStore:
         for shard in range(self.layout.shards):
             pipe.hgetall(self.tag(shard) + "pm")
         return [{text(k): text(v) for k, v in r.items()} for r in pipe.execute()]
+
+    def marks(self) -> dict[int, Marks]:
+        out = {}
+        for p, m in enumerate(self._partition_meta()):
+            own, fw = m.get("ow"), m.get("fw")
+            out[p] = Marks(int(own) if own else None, int(fw) if fw else None)
+        return out
 
     def frontier(self) -> int | None:
         marks = [int(m["rt"]) for m in self._partition_meta() if m.get("rt")]

@@ -1,0 +1,101 @@
+"""A partition's state: memory per open request (Redis and process) and the time a new
+owner takes to load a partition holding many open requests.
+
+    make services && eval "$(python3 scripts/services.py env)"
+    .venv/bin/python bench/bench_partition.py [--requests 100000]
+
+One engine ingests impressions of 20 items (with a diversity attribute) and
+checkpoints them to Redis in batches of 5,000, nothing finalised. Reported:
+Redis ``used_memory`` growth per open request, the process's traced allocations
+per open request (tracemalloc, the engine's state only), and the median over
+repeats of claim + load + rebuild by a new owner (``Tasks.assign``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+import tracemalloc
+import uuid
+
+import redis
+from _common import machine
+
+from evaluator.config import load_settings
+from evaluator.events import decode_impressions
+from evaluator.stores.redis import RedisStore, connect
+from evaluator.tasks import Tasks
+
+T0 = 1_700_000_000_000
+
+
+def impressions(n: int, seed: int = 0) -> list[bytes]:
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for r in range(n):
+        items = [f"p{rng.randrange(50_000)}" for _ in range(20)]
+        out.append(
+            json.dumps(
+                {
+                    "event_id": f"i{r}",
+                    "request_id": f"r{r}",
+                    "user_id": f"u{rng.randrange(n // 4)}",
+                    "variant": "AB"[r % 2],
+                    "timestamp": T0 + r,
+                    "items": list(dict.fromkeys(items)),
+                    "item_attributes": {"category": [f"c{rng.randrange(20)}" for _ in items]},
+                }
+            ).encode()
+        )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--requests", type=int, default=100_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    url = os.environ["REDIS_URL"]
+    settings = load_settings(environ={})
+    prefix = f"bench-part-{uuid.uuid4().hex[:6]}"
+    store = RedisStore(connect(url), settings.layout(1), prefix=prefix)
+    raw = redis.Redis.from_url(url)
+    payloads = impressions(args.requests)
+    before = int(raw.info("memory")["used_memory"])
+    tracemalloc.start()
+    tasks = Tasks(store, settings, 1)
+    tasks.assign([0])
+    owned = tasks.owned[0]
+    engine = owned.engine
+    for start in range(0, len(payloads), 5_000):
+        batch, _ = decode_impressions(payloads[start : start + 5_000])
+        engine.ingest(batch, decode_impressions([])[0])
+        owned.offsets["impressions"] = start + 5_000
+        tasks._checkpoint(0, owned, True)
+    process_bytes = tracemalloc.get_traced_memory()[0] / args.requests
+    tracemalloc.stop()
+    redis_bytes = (int(raw.info("memory")["used_memory"]) - before) / args.requests
+    loads = []
+    for _ in range(args.repeats):
+        other = Tasks(store, settings, 1)
+        started = time.perf_counter()
+        other.assign([0])
+        loads.append(time.perf_counter() - started)
+        assert other.owned[0].engine.open_requests() == args.requests
+    print(f"machine: {machine()}")
+    print(f"{args.requests:,} open requests of 20 items (with a diversity attribute)")
+    print(f"  Redis memory per open request  : {redis_bytes:,.0f} bytes")
+    print(f"  process memory per open request: {process_bytes:,.0f} bytes (tracemalloc)")
+    print(f"  new owner's load (claim, read, rebuild): median {statistics.median(loads):.2f} s")
+    for key in raw.scan_iter(f"{{{prefix}:*", count=1000):
+        raw.unlink(key)
+    raw.delete(f"{{{prefix}:meta}}:layout")
+
+
+if __name__ == "__main__":
+    main()
