@@ -5,8 +5,8 @@ owner takes to load a partition holding many open requests.
     .venv/bin/python bench/bench_partition.py [--requests 100000]
 
 One engine ingests impressions of 20 items (with a diversity attribute) and
-checkpoints them to Redis in batches of 5,000, nothing finalised. Reported:
-Redis ``used_memory`` growth per open request, the process's traced allocations
+checkpoints them to Redis in batches of 5,000, nothing finalised. Reported: the
+partition state hash's ``MEMORY USAGE`` (every field counted) per open request, the process's traced allocations
 per open request (tracemalloc, the engine's state only), and the median over
 repeats of claim + load + rebuild by a new owner (``Tasks.assign``).
 """
@@ -25,7 +25,7 @@ import redis
 from _common import machine
 
 from evaluator.config import load_settings
-from evaluator.events import decode_impressions
+from evaluator.events import InteractionBatch, decode_impressions
 from evaluator.stores.redis import RedisStore, connect
 from evaluator.tasks import Tasks
 
@@ -38,7 +38,7 @@ def impressions(n: int, seed: int = 0) -> list[bytes]:
     rng = random.Random(seed)
     out = []
     for r in range(n):
-        items = [f"p{rng.randrange(50_000)}" for _ in range(20)]
+        items = list(dict.fromkeys(f"p{rng.randrange(50_000)}" for _ in range(20)))
         out.append(
             json.dumps(
                 {
@@ -47,7 +47,7 @@ def impressions(n: int, seed: int = 0) -> list[bytes]:
                     "user_id": f"u{rng.randrange(n // 4)}",
                     "variant": "AB"[r % 2],
                     "timestamp": T0 + r,
-                    "items": list(dict.fromkeys(items)),
+                    "items": items,
                     "item_attributes": {"category": [f"c{rng.randrange(20)}" for _ in items]},
                 }
             ).encode()
@@ -66,7 +66,6 @@ def main() -> None:
     store = RedisStore(connect(url), settings.layout(1), prefix=prefix)
     raw = redis.Redis.from_url(url)
     payloads = impressions(args.requests)
-    before = int(raw.info("memory")["used_memory"])
     tracemalloc.start()
     tasks = Tasks(store, settings, 1)
     tasks.assign([0])
@@ -74,19 +73,21 @@ def main() -> None:
     engine = owned.engine
     for start in range(0, len(payloads), 5_000):
         batch, _ = decode_impressions(payloads[start : start + 5_000])
-        engine.ingest(batch, decode_impressions([])[0])
+        engine.ingest(batch, InteractionBatch())
         owned.offsets["impressions"] = start + 5_000
         tasks._checkpoint(0, owned, True)
     process_bytes = tracemalloc.get_traced_memory()[0] / args.requests
     tracemalloc.stop()
-    redis_bytes = (int(raw.info("memory")["used_memory"]) - before) / args.requests
+    state = f"{{{prefix}:0}}:state"
+    redis_bytes = int(raw.memory_usage(state, samples=0) or 0) / args.requests  # type: ignore[arg-type]
     loads = []
     for _ in range(args.repeats):
         other = Tasks(store, settings, 1)
         started = time.perf_counter()
         other.assign([0])
         loads.append(time.perf_counter() - started)
-        assert other.owned[0].engine.open_requests() == args.requests
+        loaded = other.owned[0].engine.open_requests()
+        assert loaded == args.requests, (loaded, engine.open_requests())
     print(f"machine: {machine()}")
     print(f"{args.requests:,} open requests of 20 items (with a diversity attribute)")
     print(f"  Redis memory per open request  : {redis_bytes:,.0f} bytes")
