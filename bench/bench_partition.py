@@ -6,9 +6,10 @@ owner takes to load a partition holding many open requests.
 
 One engine ingests impressions of 20 items (with a diversity attribute) and
 checkpoints them to Redis in batches of 5,000, nothing finalised. Reported: the
-partition state hash's ``MEMORY USAGE`` (every field counted) per open request, the process's traced allocations
-per open request (tracemalloc, the engine's state only), and the median over
-repeats of claim + load + rebuild by a new owner (``Tasks.assign``).
+partition state hash's ``MEMORY USAGE`` (every field counted) per open request,
+the process's traced allocations per open request (tracemalloc, the engine's
+state only), and the median over repeats of claim + load + rebuild by a new
+owner (``Tasks.assign``).
 """
 
 from __future__ import annotations
