@@ -156,7 +156,16 @@ def _loop(source: KafkaSource, tasks: Tasks, health: _Health, stop: threading.Ev
             log.warning("rebalance without an assignment for %.0fs: rejoining the group", stall_s)
             source.subscribe()
             source.awaiting_since = health.beat
-        batches = source.poll()
+        try:
+            batches = source.poll()
+        except Exception as exc:  # the broker is unreachable: poll again after a pause
+            health.kafka_error = str(exc) or type(exc).__name__
+            log.error("polling failed, retrying in %.1fs: %s", delay, health.kafka_error)
+            if stop.wait(delay):
+                return
+            delay = min(delay * 2, MAX_BACKOFF_S)
+            continue
+        held = set(tasks.owned)  # a partition dropped as stale mid-apply is still ours
         try:
             fenced, stale = tasks.apply(
                 batches, source.caught_up(), _dead_letter(source, tasks), source.forward
@@ -168,8 +177,8 @@ def _loop(source: KafkaSource, tasks: Tasks, health: _Health, stop: threading.Ev
             if stop.wait(delay):
                 return
             delay = min(delay * 2, MAX_BACKOFF_S)
-            owned = list(tasks.owned)
-            tasks.revoke(owned)
+            owned = sorted(held & source.assigned_numbers())
+            tasks.revoke(list(held))
             fenced, stale = [], owned
         if fenced:
             source.pause(fenced)

@@ -318,9 +318,7 @@ class PartitionEngine:
         """Expire cold-start histories past their TTL, once per TTL/10 of event time."""
         ttl = self.config.history_ttl_ms
         last = self._history_swept_ms
-        if last is None:
-            self._history_swept_ms = watermark
-        elif watermark - last >= ttl // 10:
+        if last is None or watermark - last >= ttl // 10:  # also once after every load
             self.state.drop_history_before(watermark - ttl)
             self._history_swept_ms = watermark
 

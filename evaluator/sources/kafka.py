@@ -173,18 +173,30 @@ class KafkaSource:
         (flushed) before the checkpoint that moves past them."""
         producer = self._ensure_producer()
         topic = self.settings.repartition()
-        for f in forwarded:
+        sent = [
             producer.send(topic, value=f.payload, key=f.key, partition=f.partition)
-        producer.flush()
+            for f in forwarded
+        ]
+        _acknowledged(producer, sent)
 
     def seek(self, resume: dict[int, dict[str, int]]) -> None:
-        """Move each (partition number, kind) to its checkpointed offset."""
-        topics: dict[str, str] = {kind: topic for topic, kind in self.kinds.items()}
+        """Move each (partition number, kind) to its checkpointed offset. An input never
+        checkpointed for that partition starts from its beginning with
+        ``auto_offset_reset = "earliest"`` (nothing of it was applied: after a failed
+        first batch too), and stays where the group left it with ``latest``."""
         for number, offsets in resume.items():
-            for kind, offset in offsets.items():
-                topic = topics.get(kind)
-                if topic is not None:
-                    self.consumer.seek(TopicPartition(topic, number), offset)
+            for topic, kind in self.kinds.items():
+                tp = TopicPartition(topic, number)
+                if tp not in self.consumer.assignment():
+                    continue
+                if kind in offsets:
+                    self.consumer.seek(tp, offsets[kind])
+                elif self.settings.auto_offset_reset == "earliest":
+                    self.consumer.seek_to_beginning(tp)
+
+    def assigned_numbers(self) -> set[int]:
+        """Partition numbers currently assigned to this member."""
+        return {tp.partition for tp in self.consumer.assignment()}
 
     def pause(self, numbers: Sequence[int]) -> None:
         """Stop fetching partitions lost to a newer owner (until the next assignment)."""
@@ -261,18 +273,21 @@ class KafkaSource:
         if not rejected or not self.settings.dlq_suffix:
             return
         producer = self._ensure_producer()
+        sent = []
         for bad in rejected:
             topic = self._topic(bad.kind)
-            producer.send(
-                topic + self.settings.dlq_suffix,
-                value=bad.payload,
-                headers=[
-                    ("reason", bad.event.reason.value.encode()),
-                    ("detail", bad.event.detail.encode()[:1000]),
-                    ("source", f"{topic}/{bad.partition.split(':')[1]}@{bad.offset}".encode()),
-                ],
+            sent.append(
+                producer.send(
+                    topic + self.settings.dlq_suffix,
+                    value=bad.payload,
+                    headers=[
+                        ("reason", bad.event.reason.value.encode()),
+                        ("detail", bad.event.detail.encode()[:1000]),
+                        ("source", f"{topic}/{bad.partition.split(':')[1]}@{bad.offset}".encode()),
+                    ],
+                )
             )
-        producer.flush()
+        _acknowledged(producer, sent)
 
     def _ensure_producer(self) -> KafkaProducer:
         """The producer for dead letters and forwarded events (created on first use)."""
@@ -323,6 +338,17 @@ class KafkaSource:
         if self._producer is not None:
             self._producer.close()
         self.consumer.close(autocommit=False)
+
+
+SEND_TIMEOUT_S = 30.0
+
+
+def _acknowledged(producer: KafkaProducer, sent: list[Any]) -> None:
+    """Flush, then make every send's failure an exception: ``flush`` alone only logs
+    failed records, and a checkpoint must never move past an event that was lost."""
+    producer.flush()
+    for future in sent:
+        future.get(timeout=SEND_TIMEOUT_S)
 
 
 class KafkaSink:
