@@ -17,6 +17,7 @@ from evaluator.events import (
     ImpressionBatch,
     InteractionBatch,
     InvalidEvent,
+    InvalidReason,
     decode_impressions,
     decode_interactions,
 )
@@ -67,6 +68,10 @@ class Decoder:
                 tagged = TAGS.get(raw[:1])
                 if tagged is not None:
                     groups.setdefault(tagged, []).append((first + i, raw[1:]))
+                else:  # not written by the evaluator: counted and dead-lettered, not dropped
+                    untagged = InvalidEvent(first + i, InvalidReason.UNDECODABLE, "no kind tag")
+                    at = batch.offset(first + i)
+                    out.rejected.append(Rejected("impressions", batch.partition, at, raw, untagged))
         else:
             groups = {batch.kind: [(first + i, raw) for i, raw in enumerate(payloads)]}
         for kind, items in groups.items():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,6 +83,18 @@ def two_instances(
     return procs, logs
 
 
+def kill_one_mid_stream(
+    env: LiveEnv, procs: list[subprocess.Popen[bytes]], stream_: list[tuple[str, dict[str, Any]]]
+) -> threading.Thread:
+    """Produce at RATE and SIGKILL the first instance 3 s into the stream (by design,
+    a timed fault); returns the producing thread."""
+    producer = produce_paced(env, stream_, RATE)
+    time.sleep(3.0)
+    procs[0].send_signal(signal.SIGKILL)
+    procs[0].wait()
+    return producer
+
+
 @pytest.mark.parametrize("timeouts", [DEFAULTS, SHORT_IDLE], ids=["defaults", "short-idle"])
 def test_sigkill_with_a_backlog_and_restart_is_exact(
     kafka_bootstrap, redis_url, tmp_path, started, timeouts
@@ -89,10 +102,7 @@ def test_sigkill_with_a_backlog_and_restart_is_exact(
     env = new_env(kafka_bootstrap, redis_url, partitions=3, overrides=timeouts)
     events, late = dataset(61, env)
     procs, _ = two_instances(env, tmp_path, started)
-    producer = produce_paced(env, ordered(events, 61), RATE)
-    time.sleep(3.0)  # the kill lands 3 s into the stream, by design
-    procs[0].send_signal(signal.SIGKILL)
-    procs[0].wait()
+    producer = kill_one_mid_stream(env, procs, ordered(events, 61))
     procs[0] = env.start(tmp_path / "a2.log")  # restarted at once
     started.append(procs[0])
     producer.join()
@@ -105,11 +115,7 @@ def test_sigkill_without_restart_the_survivor_takes_over(
     env = new_env(kafka_bootstrap, redis_url, partitions=3, overrides=SHORT_IDLE)
     events, late = dataset(62, env)
     procs, logs = two_instances(env, tmp_path, started)
-    producer = produce_paced(env, ordered(events, 62), RATE)
-    time.sleep(3.0)  # the kill lands 3 s into the stream, by design
-    procs[0].send_signal(signal.SIGKILL)
-    procs[0].wait()
-    producer.join()
+    kill_one_mid_stream(env, procs, ordered(events, 62)).join()
     finish(env, events, late, [procs[1]], tmp_path, timeout=240)
     assert "partition" in logs[1].read_text()
 

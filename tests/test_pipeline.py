@@ -65,3 +65,18 @@ def test_events_on_the_wrong_partition_are_forwarded_to_their_users(tmp_path) ->
     feed(tasks, events, 23, keyed=False)
     assert tasks.stats.repartitioned > len(events.impressions)  # most went elsewhere
     compare_with_replay(store, events, settings, tmp_path)
+
+
+def test_an_untagged_repartition_payload_is_counted_not_dropped() -> None:
+    from evaluator.batches import PartitionBatch
+    from evaluator.partitioner import PartitionOf
+    from evaluator.routing import Decoder
+
+    settings = load_settings(environ={})
+    decoder = Decoder(PartitionOf("murmur2", 3), settings.relevance.active())
+    batch = PartitionBatch("repartition", "repartition:1", [b"?{}", b"X{oops"], [7, 8])
+    routed = decoder.route(batch, 0, 1)
+    assert [(r.offset, r.event.reason.value) for r in routed.rejected] == [
+        (7, "undecodable"),
+        (8, "undecodable"),
+    ]
