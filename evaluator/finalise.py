@@ -100,6 +100,9 @@ class Finalised:
     late: int = 0
     """Set by the store's commit: interactions stored after these requests were loaded,
     so not applied (counted late, like those arriving after finalisation)."""
+    experiment_rows: dict[str, npt.NDArray[np.intp]] = field(default_factory=dict)
+    """Per experiment, the rows that count for its cumulative statistics (see
+    :mod:`evaluator.experiments`); set by the engine."""
 
 
 def deadline_ms(impression_ms: int, rules: JoinRules, allowed_lateness_ms: int) -> int:

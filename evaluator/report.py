@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from evaluator.ab_report import ab_lines
 from evaluator.aggregate import Moments
 from evaluator.config import Settings
 from evaluator.events import Impression
@@ -201,4 +202,6 @@ def render_table(report: dict[str, Any]) -> str:
     for title, key in (("unmatched", "unmatched_by_reason"), ("invalid", "invalid_by_reason")):
         if ev[key]:
             lines.append(f"  {title}: " + ", ".join(f"{r}={n}" for r, n in ev[key].items()))
+    if report.get("ab"):
+        lines += ["", *ab_lines(report["ab"], ks[0])]
     return "\n".join(lines)

@@ -11,6 +11,7 @@ from typing import Literal
 
 import msgspec
 
+from evaluator.experiments import Experiment, experiments_from
 from evaluator.finalise import FinaliseConfig, deadline_ms
 from evaluator.join import JoinRules
 from evaluator.metrics.ndcg import GainKind
@@ -18,8 +19,17 @@ from evaluator.propensity import NoBias, PositionTable, PropensityModel, parse_p
 from evaluator.propensity_estimation import Estimator
 from evaluator.relevance import BUILTIN_PROFILES, ProfileKind, RelevanceProfile
 from evaluator.scoring import ScoringConfig
-from evaluator.timeutil import format_duration_ms, parse_duration_ms
+from evaluator.timeutil import format_duration_ms, parse_duration_ms, parse_instant_ms
 from evaluator.windows import AggregateLayout
+
+
+def _instant(key: str, value: str | int) -> int | None:
+    if value == "":
+        return None
+    try:
+        return parse_instant_ms(value)
+    except ValueError as exc:
+        raise ValueError(f"{key}: {exc}") from None
 
 
 def _duration(key: str, value: str | int) -> int:
@@ -283,6 +293,25 @@ class ExperimentSettings(msgspec.Struct, forbid_unknown_fields=True):
     """The experiment's variants; empty: every variant."""
     split: dict[str, float] = msgspec.field(default_factory=dict)
     """Expected traffic share per variant for the SRM test; empty: equal split."""
+    start: str | int = ""
+    """Impressions from this instant on count (ISO 8601 with a zone, or epoch ms);
+    empty: from the first exposure seen."""
+    end: str | int = ""
+    """Impressions from this instant on no longer count, and the experiment's
+    per-user exposure records are dropped once the data passes it; empty: open."""
+
+    def __post_init__(self) -> None:
+        start, end = self.start_ms(), self.end_ms()
+        if start is not None and end is not None and end <= start:
+            raise ValueError("end must be after start")
+        if any(s < 0 for s in self.split.values()):
+            raise ValueError("split shares must be >= 0")
+
+    def start_ms(self) -> int | None:
+        return _instant("start", self.start)
+
+    def end_ms(self) -> int | None:
+        return _instant("end", self.end)
 
 
 class ABSettings(msgspec.Struct, forbid_unknown_fields=True):
@@ -299,8 +328,32 @@ class ABSettings(msgspec.Struct, forbid_unknown_fields=True):
     experiments: dict[str, ExperimentSettings] = msgspec.field(default_factory=dict)
     """Named experiments, each with its own control and split; empty: one experiment
     ``default`` over all variants with ``control`` and ``split`` above."""
+    min_users: int = 1000
+    """No interval or p-value for an arm until it and its control have this many
+    exposed users (the variance estimate is unreliable below; see docs/statistics.md)."""
+    min_effective_buckets: float = 16.0
+    """... nor while the arm's requests sit in fewer effective user buckets than this
+    ((Σ n_b)² / Σ n_b²: a few heavy users dominating makes the variance unreliable)."""
 
     def __post_init__(self) -> None:
+        if self.min_users < 2:
+            raise ValueError("min_users must be >= 2")
+        if self.min_effective_buckets < 2:
+            raise ValueError("min_effective_buckets must be >= 2")
+        for name in self.experiments:
+            if not name or any(c in name for c in "\x1e\x1f\n"):
+                raise ValueError(f"experiments: bad experiment name {name!r}")
+
+    def experiment_list(self) -> tuple[Experiment, ...]:
+        """The configured experiments, or the one ``default`` experiment."""
+        return experiments_from(
+            {
+                name: (e.control, e.variants, e.split, e.start_ms(), e.end_ms())
+                for name, e in self.experiments.items()
+            },
+            self.control,
+            self.split,
+        )
         if not 0 < self.alpha < 1:
             raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
         if self.tuning <= 0:

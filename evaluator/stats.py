@@ -139,7 +139,8 @@ def sequential(
 
 
 class SequentialTracker:
-    """Running intersection of always-valid intervals and running minimum p-value, per key."""
+    """Running intersection of always-valid intervals and running minimum p-value, per
+    key (restarted from the latest look if that would leave an empty interval)."""
 
     def __init__(self) -> None:
         self._state: dict[tuple[str, ...], tuple[float, float, float]] = {}
@@ -149,8 +150,11 @@ class SequentialTracker:
         if not (math.isfinite(lower) and math.isfinite(upper)):
             return result
         old = self._state.get(key)
-        if old is not None:
+        if old is not None and max(lower, old[0]) <= min(upper, old[1]):
             lower, upper, p = max(lower, old[0]), min(upper, old[1]), min(p, old[2])
+        # disjoint from the running interval: the sequence missed (an event of
+        # probability at most alpha); restart from this look rather than show an
+        # empty interval
         self._state[key] = (lower, upper, p)
         return DiffResult(result.diff, lower, upper, p, result.control)
 

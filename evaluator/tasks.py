@@ -50,6 +50,7 @@ def engine_config(settings: Settings, partitions: int | None = None) -> EngineCo
         history_cap=settings.cold_start.min_relevant_history,
         attribute=settings.metrics.diversity_attribute,
         finalised_ttl_ms=settings.redis.ttl_s("finalised_ttl") * 1000,
+        experiments=settings.ab.experiment_list(),
         inputs=("impressions", "interactions")
         if settings.kafka.partitioner == "trust"
         else ("impressions", "interactions", "repartition"),
@@ -304,6 +305,7 @@ class Tasks:
             done,
             engine.own_ms,
             owned.forwarded_ms,
+            dict(counts.exposures),
         )
         outcome = self.store.checkpoint(p, owned.epoch, owned.seq, delta)
         if outcome is not Outcome.WRITTEN:

@@ -41,5 +41,21 @@ def datetime_to_ms(value: datetime) -> int:
     return (value - _EPOCH) // _ONE_MS
 
 
+def parse_instant_ms(value: str | int) -> int:
+    """Epoch milliseconds of an ISO 8601 instant with a zone (``2026-12-01T00:00:00Z``)
+    or an integer of epoch milliseconds. Raises ``ValueError`` for anything else."""
+    if isinstance(value, bool):
+        raise ValueError(f"not an instant: {value!r}")
+    if isinstance(value, int):
+        return value
+    try:
+        parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"not an instant: {value!r} (use e.g. 2026-12-01T00:00:00Z)") from None
+    if parsed.tzinfo is None:
+        raise ValueError(f"{value!r} has no time zone (add Z or +00:00)")
+    return datetime_to_ms(parsed)
+
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_MS = timedelta(milliseconds=1)

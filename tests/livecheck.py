@@ -146,7 +146,20 @@ def compare_with_replay(
     totals = live_totals(store, max(settings.layout().windows_ms))
     compare_totals(totals, report, settings)
     compare_coverage(store, events, settings, report)
+    compare_experiment(store, events, settings, report)
     return report
+
+
+def compare_experiment(
+    store: StateStore, events: EventSet, settings: Settings, report: dict[str, Any]
+) -> None:
+    """The default experiment's cumulative statistics hold every finalised request
+    (the data spans less than the longest window, so replay's totals are theirs too),
+    and every user with an impression is counted exactly once."""
+    cumulative = {v: b.sum(axis=1) for v, b in store.experiment_blocks("default").items()}
+    compare_totals(cumulative, report, settings)
+    users = {imp["user_id"] for imp in events.impressions}
+    assert sum(store.exposures("default").values()) == len(users)
 
 
 def compare_totals(

@@ -45,10 +45,27 @@ def live_run(events, settings=None, seed: int = 0):
     return settings, tasks, WindowCollector(store, settings, store.frontier)
 
 
+AB_SETTINGS = {
+    "ab": {
+        "experiments": {"ranker": {"variants": ["A", "B", "C"], "control": "A"}},
+        "min_users": 5,
+        "min_effective_buckets": 2,
+    }
+}
+
+
+def randomised_by_user(events):
+    """Each user sees one variant (``u<n>`` -> A, B, C by n), as an A/B test assigns."""
+    for imp in events.impressions:
+        imp["variant"] = "ABC"[int(imp["user_id"][1:]) % 3]
+    return events
+
+
 @pytest.fixture(scope="module")
 def scraped(tmp_path_factory):
-    events = generate(41, requests=400)
-    settings, pipeline, collector = live_run(events, seed=41)
+    events = randomised_by_user(generate(41, requests=400))
+    settings = load_settings(environ={}, overrides=AB_SETTINGS)
+    settings, pipeline, collector = live_run(events, settings, seed=41)
     registry = CollectorRegistry()
     registry.register(collector)
     registry.register(PipelineCollector(pipeline.stats, watermark=pipeline.watermark))
@@ -100,7 +117,9 @@ def test_ab_series_and_bounded_labels(scraped) -> None:
         assert lower <= s.value <= upper
     methods = {s.labels["method"] for s in found["recsys_eval_ab_p_value"]}
     assert methods == {"sequential", "fixed"}
+    assert {s.labels["experiment"] for s in found["recsys_eval_srm_p_value"]} == {"ranker"}
     assert all(0 <= s.value <= 1 for s in found["recsys_eval_srm_p_value"])
+    assert all(s.value == 1.0 for s in found["recsys_eval_ab_ready"])
     for samples_ in found.values():
         for s in samples_:
             assert not any(key in s.labels for key in ("user", "user_id", "item", "item_id"))
@@ -306,3 +325,40 @@ def test_open_and_due_request_gauges(scraped) -> None:
     found, _ = scraped
     assert pick(found, "recsys_eval_open_requests") == 1
     assert pick(found, "recsys_eval_due_requests") == 0
+
+
+def test_ab_readout_is_cumulative_and_counts_users(scraped, tmp_path) -> None:
+    """The experiment's difference is that of the means over every finalised request
+    (replay's 24h report holds them all), and users are counted exactly, once each."""
+    found, report = scraped
+    events = randomised_by_user(generate(41, requests=400))
+    exposed: dict[str, set[str]] = {}
+    for imp in events.impressions:
+        exposed.setdefault(imp["variant"], set()).add(imp["user_id"])
+    for variant, users in exposed.items():
+        assert pick(found, "recsys_eval_ab_users", variant=variant) == len(users)
+        requests = report["variants"][variant]["requests"]
+        assert pick(found, "recsys_eval_ab_requests", variant=variant) == requests
+    counts = np.array([len(exposed[v]) for v in "ABC"], dtype=float)
+    expected = counts.sum() / 3
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert pick(found, "recsys_eval_srm_p_value") == pytest.approx(np.exp(-chi2 / 2), rel=1e-6)
+    for variant in ("B", "C"):
+        for k in ("10", "20"):
+            want = report["variants"][variant]["ndcg"][k] - report["variants"]["A"]["ndcg"][k]
+            got = pick(found, "recsys_eval_ab_ndcg_diff", variant=variant, k=k, adjusted="false")
+            assert got == pytest.approx(want, abs=1e-9)
+
+
+def test_no_inference_before_min_users() -> None:
+    """With the default minimum of users per arm, a small experiment shows its
+    difference but no interval or p-value, and says it is not ready."""
+    events = randomised_by_user(generate(43, requests=300))
+    _, _, collector = live_run(events)
+    registry = CollectorRegistry()
+    registry.register(collector)
+    found = samples(registry)
+    assert found["recsys_eval_ab_ndcg_diff"]
+    assert "recsys_eval_ab_ndcg_diff_lower" not in found
+    assert "recsys_eval_ab_p_value" not in found
+    assert {s.value for s in found["recsys_eval_ab_ready"]} == {0.0}

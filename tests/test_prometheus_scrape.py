@@ -46,7 +46,9 @@ def prometheus_binary() -> str:
 def test_dashboard_and_alert_expressions_against_a_real_scrape(
     kafka_bootstrap, redis_url, tmp_path, prometheus_binary
 ) -> None:
-    env = new_env(kafka_bootstrap, redis_url)
+    # a small data set that must fill every panel: A/B inference from 2 users per arm
+    small = {"EVALUATOR_AB__MIN_USERS": "2", "EVALUATOR_AB__MIN_EFFECTIVE_BUCKETS": "2"}
+    env = new_env(kafka_bootstrap, redis_url, overrides=small)
     events = generate(51, requests=300)
     events.impressions.append(sentinel(events, after_ms=3_600_000))
     ordered = stream(
@@ -96,7 +98,7 @@ def test_dashboard_and_alert_expressions_against_a_real_scrape(
         def scraped() -> bool:
             try:
                 wanted = [
-                    query(base, 'count(recsys_eval_ab_ndcg_diff{window="24h"})'),
+                    query(base, "count(recsys_eval_ab_ndcg_diff_upper)"),
                     query(base, "sum(rate(recsys_eval_events_consumed_total[1m]))"),
                     # estimates are refreshed at most every 10 s, apart from the windows
                     query(base, "count(recsys_eval_propensity_eta)"),

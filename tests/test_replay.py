@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from evaluator.cli import main
+from evaluator.commands.replay import evaluate_files
+from evaluator.config import load_settings
 from evaluator.propensity import PowerLaw, ips_weights
+from evaluator.report import render_table
 from tests.eventgen import generate, naive_evaluate
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -161,3 +166,33 @@ def test_forked_errors_reach_the_parent() -> None:
     with pytest.raises(RuntimeError, match="ValueError: no such thing"):
         Forked(boom).result()
     assert Forked(lambda: [1, 2]).result() == [1, 2]
+
+
+def test_replay_reports_the_ab_readout(tmp_path) -> None:
+    """``"ab"`` per experiment, from the exporter's readout: users counted once at their
+    first impression in the file, the difference of the variants' means, and the
+    sample-ratio test on those users."""
+    events = generate(44, requests=600, users=40)
+    for imp in events.impressions:
+        imp["variant"] = "AB"[int(imp["user_id"][1:]) % 2]
+    imp_path, int_path = events.write(tmp_path)
+    settings = load_settings(
+        environ={}, overrides={"ab": {"min_users": 5, "min_effective_buckets": 2}}
+    )
+    report = evaluate_files(imp_path, int_path, settings, progress=False)
+    ab = report["ab"]["default"]
+    users = {v: len({i["user_id"] for i in events.impressions if i["variant"] == v}) for v in "AB"}
+    assert ab["users"] == users and ab["control"] == "A"
+    assert ab["requests"] == {v: report["variants"][v]["requests"] for v in "AB"}
+    counts = np.array([users["A"], users["B"]], dtype=float)
+    chi2 = float(((counts - counts.mean()) ** 2 / counts.mean()).sum())
+    assert ab["srm_p_value"] == pytest.approx(math.erfc(math.sqrt(chi2 / 2)), rel=1e-6)
+    for c in ab["comparisons"]:
+        metric = "ndcg_adjusted" if c["adjusted"] else "ndcg"
+        want = (
+            report["variants"]["B"][metric][str(c["k"])]
+            - report["variants"]["A"][metric][str(c["k"])]
+        )
+        assert c["diff"] == pytest.approx(want, abs=1e-12)
+        assert c["ready"] and c["lower"] <= c["diff"] <= c["upper"]
+    assert "A/B default (control A)" in render_table(report)

@@ -58,9 +58,11 @@ def interactions(*rows: tuple[str, str, str, str | None, int, str]):
 class Driver:
     """One partition's owner on a store: engine steps, each followed by a checkpoint."""
 
-    def __init__(self, store, config: FinaliseConfig = CONFIG, partition: int = 0) -> None:
+    def __init__(
+        self, store, config: FinaliseConfig = CONFIG, partition: int = 0, settings=SETTINGS
+    ) -> None:
         self.store, self.partition = store, partition
-        self.config = dataclasses.replace(engine_config(SETTINGS), finalise=config)
+        self.config = dataclasses.replace(engine_config(settings), finalise=config)
         self.offsets = {"impressions": 0, "interactions": 0}
         self.reload()
 
@@ -86,6 +88,7 @@ class Driver:
             self.engine.open_requests(),
             self.engine.watermark_ms,
             done,
+            exposures=dict(counts.exposures),
         )
         assert self.store.checkpoint(self.partition, self.epoch, self.seq, delta) is Outcome.WRITTEN
         self.seq += 1
@@ -190,6 +193,76 @@ def test_finalised_rows_reach_the_window_blocks(make_store) -> None:
     blocks = store.blocks(max(SETTINGS.layout().windows_ms))
     assert sum(b[:, :, 0].sum() for b in blocks.values()) == 2  # two requests counted
     assert sum(b[:, :, 1].sum() for b in blocks.values()) == 1  # one engaged
+
+
+EXPERIMENTS = load_settings(
+    environ={},
+    overrides={
+        "ab": {
+            "experiments": {
+                "all": {},
+                "late": {"start": 5_000, "end": 9_000},
+                "bc": {"variants": ["B", "C"]},
+            }
+        }
+    },
+)
+
+
+def test_users_are_counted_once_at_their_first_exposure(make_store) -> None:
+    """Exact users per variant and experiment: a user's later impressions (another
+    variant, a redelivery, another owner after a reload) add nobody."""
+    store = make_store(SETTINGS.layout())
+
+    def step(partition: int, *rows: tuple[str, str, int, str]) -> None:
+        payloads = [impression(rid, user, ts, ["a"], variant=v) for rid, user, ts, v in rows]
+        imps = decode_impressions(payloads)[0]
+        Driver(store, partition=partition, settings=EXPERIMENTS).ingest(imps, interactions())
+
+    step(0, ("r1", "u1", 1_000, "A"), ("r2", "u2", 1_000, "B"), ("r3", "u1", 2_000, "B"))
+    step(0, ("r1", "u1", 1_000, "A"), ("r4", "u3", 6_000, "C"))  # r1 redelivered
+    step(1, ("r5", "u5", 5_000, "B"), ("r6", "u6", 9_000, "B"), ("r7", "u5", 9_500, "A"))
+    assert store.exposures("all") == {"A": 1, "B": 3, "C": 1}
+    assert store.exposures("late") == {"B": 1, "C": 1}  # 5_000 <= t < 9_000 only
+    assert store.exposures("bc") == {"B": 4, "C": 1}  # u1 counts from their first B
+    assert store.exposures("none") == {}
+
+
+def test_experiment_statistics_are_cumulative_from_the_start(make_store) -> None:
+    """Every finalised request since the experiment's start stays in its statistics,
+    however far apart in time (the sliding windows forget them)."""
+    store = make_store(SETTINGS.layout())
+    day = 86_400_000
+    for p, (t, variant) in enumerate([(1_000, "A"), (6_000, "B"), (30 * day, "B")]):
+        owner = Driver(store, partition=p % 2, settings=EXPERIMENTS)
+        rid = f"r{p}"
+        owner.ingest(
+            decode_impressions([impression(rid, f"u{p}", t, ["a", "b"], variant=variant)])[0],
+            interactions((f"i{p}", f"u{p}", "a", rid, t + 500, "purchase")),
+        )
+        Driver(store, partition=p % 2, settings=EXPERIMENTS).finalise(CONFIG.deadline(t))
+    blocks = store.experiment_blocks("all")
+    assert {v: b[..., 0].sum() for v, b in blocks.items()} == {"A": 1, "B": 2}
+    assert {v: b[..., 1].sum() for v, b in blocks.items()} == {"A": 1, "B": 2}
+    late = store.experiment_blocks("late")
+    assert {v: b[..., 0].sum() for v, b in late.items()} == {"B": 1}
+    assert set(store.experiment_blocks("bc")) == {"B"}
+    longest = max(SETTINGS.layout().windows_ms)
+    window = store.blocks(longest, 30 * day - longest, 31 * day + longest)
+    assert sum(b[..., 0].sum() for b in window.values()) == 1  # the window forgot two
+
+
+def test_an_ended_experiment_drops_its_exposure_records(make_store) -> None:
+    store = make_store(SETTINGS.layout())
+    owner = Driver(store, settings=EXPERIMENTS)
+    payloads = [impression("r1", "u1", 6_000, ["a"], variant="B")]
+    owner.ingest(decode_impressions(payloads)[0], interactions())
+    assert any(name.startswith("e:late") for name, _ in store.claim(0).fields)
+    Driver(store, settings=EXPERIMENTS).finalise(9_000 + CONFIG.deadline(0) * 3)
+    fields = [name for name, _ in store.claim(0).fields]
+    assert not any(name.startswith("e:late") for name in fields)
+    assert any(name.startswith("e:all") for name in fields)  # still running
+    assert store.exposures("late") == {"B": 1}  # the count stays
 
 
 def test_partitions_write_their_own_blocks_and_readers_sum_them(make_store) -> None:

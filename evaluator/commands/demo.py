@@ -38,6 +38,9 @@ DEMO_OVERRIDES: dict[str, Any] = {
 A configuration file, the environment and flags still override them."""
 
 
+DEMO_USERS = 20_000
+"""Simulated users: A/B inference starts once each arm has ``ab.min_users`` (1,000)."""
+
 DEMO_PARTITIONS = 1
 """The simulator's traffic is one partition of the engine."""
 
@@ -65,6 +68,8 @@ def sim_config(
         gain=settings.metrics.gain,
         interaction_delay_ms=40_000,
         late_fraction=0.002,
+        # enough users that both arms pass ab.min_users within the first minute
+        users=DEMO_USERS,
     )
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from evaluator.ab_report import ab_json, experiment_readouts
 from evaluator.config import Settings
 from evaluator.events import (
     ImpressionBatch,
@@ -143,6 +144,7 @@ def evaluate_files(
         report = build_report(
             scored, attribution.outcomes, duplicates, counts, settings, setlevel=setlevel
         )
+        report["ab"] = ab_json(experiment_readouts(scored, settings))
         if estimates:
             report["propensity"] = propensity_report(estimates, curve)
         return report

@@ -44,6 +44,8 @@ class Delta:
     """The partition's own watermark (see ``PartitionEngine.own_ms``)."""
     forwarded_ms: int | None = None
     """Wall clock of the latest event this partition forwarded, if any."""
+    exposures: dict[str, int] = field(default_factory=dict)
+    """Users first exposed in this batch, per ``experiment US variant``."""
 
 
 class Outcome(enum.Enum):

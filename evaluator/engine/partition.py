@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from evaluator.engine.state import Changes, PartitionState, UserState, open_request
 from evaluator.events import ImpressionBatch, InteractionBatch
+from evaluator.experiments import SEP, Experiment, experiment_rows
 from evaluator.finalise import (
     FinaliseConfig,
     Finalised,
@@ -48,6 +49,8 @@ class EngineConfig:
     inputs: tuple[str, ...] = ("impressions", "interactions")
     """The engine's input streams: each holds the watermark back until it delivers or
     goes idle."""
+    experiments: tuple[Experiment, ...] = ()
+    """Experiments whose exposures (a user's first impression) are recorded."""
     eager: tuple[str, ...] = ("repartition",)
     """Inputs idle as soon as they are confirmed at their end: the repartition topic
     only carries events forwarded by other partitions, usually none."""
@@ -85,6 +88,8 @@ class StepCounts:
     late: int = 0
     finalised: int = 0
     outcomes: Counter[str] = field(default_factory=Counter)
+    exposures: Counter[str] = field(default_factory=Counter)
+    """Users first exposed, per ``experiment US variant``."""
 
 
 class PartitionEngine:
@@ -112,6 +117,7 @@ class PartitionEngine:
         }
         self.counts = StepCounts()
         self._history_swept_ms: int | None = None
+        self._ended: set[str] = set()
 
     # --- ingestion --------------------------------------------------------------
 
@@ -120,12 +126,18 @@ class PartitionEngine:
         state, counts = self.state, self.counts
         deadline = self.config.finalise.deadline
         attribute = self.config.attribute
+        experiments = self.config.experiments
         for event, ts in zip(impressions.events, impressions.timestamp_ms, strict=True):
             rid = event.request_id
             if rid in state.requests or rid in state.final:
                 counts.duplicates += 1
                 continue
             state.add_request(open_request(event, ts, attribute), deadline(ts))
+            for experiment in experiments:
+                if experiment.includes(event.variant, ts) and state.expose(
+                    experiment.name + SEP + event.user_id, event.variant
+                ):
+                    counts.exposures[experiment.name + SEP + event.variant] += 1
         loose_late_before = self._loose_late_before()
         for it, ts, grade in zip(
             interactions.events, interactions.timestamp_ms, interactions.grade, strict=True
@@ -249,6 +261,7 @@ class PartitionEngine:
                 loaded = [self._with_named(r) for r in group]
                 done = finalise(loaded, contexts, config, partition=self.partition)
                 self.counts.outcomes.update(done.outcomes)
+                done.experiment_rows = experiment_rows(self.config.experiments, done.requests)
                 out.append(done)
             for done in out:
                 for request, d in zip(done.requests, done.deadline_ms.tolist(), strict=True):
@@ -261,7 +274,19 @@ class PartitionEngine:
         data_ms = self.data_time_ms()
         state.expire(watermark - self.config.horizon_ms, data_ms - self.config.finalised_ttl_ms)
         self._sweep_history(data_ms)
+        self._end_experiments(watermark)
         return out
+
+    def _end_experiments(self, watermark: int) -> None:
+        """Drop the exposure records of experiments that ended a horizon ago (checked
+        once per experiment and engine; a reload checks again)."""
+        for experiment in self.config.experiments:
+            end = experiment.end_ms
+            if end is None or experiment.name in self._ended:
+                continue
+            if watermark > end + self.config.horizon_ms:
+                self.state.drop_exposures(experiment.name)
+                self._ended.add(experiment.name)
 
     def readout_ms(self) -> int | None:
         """The watermark, capped at the data's own time (minus the out-of-orderness)."""

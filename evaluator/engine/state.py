@@ -3,13 +3,13 @@
 Everything a partition's owner needs to join and finalise its users' requests:
 open requests, interactions waiting for them, request-less ("loose")
 interactions, each user's earliest relevant interactions (the cold-start
-history), and markers of what was finalised or counted late (so a redelivery
-is a duplicate, not new). Pure: no I/O.
+history), each user's first exposure per experiment, and markers of what was
+finalised or counted late (so a redelivery is a duplicate, not new). Pure: no I/O.
 
 Every change is recorded as a field of the partition's changelog
 (``r:<request>``, ``i:<event>``, ``l:<event>``, ``h:<user>``, ``f:<request>``,
-``x:<event>``), with the field's new encoded value or ``None`` for a deletion.
-A store keeps those fields as one hash per partition: the hash *is* the
+``x:<event>``, ``e:<experiment US user>``), with the field's new encoded value or
+``None`` for a deletion. A store keeps those fields as one hash per partition: the hash *is* the
 compacted changelog, and :meth:`PartitionState.restore` rebuilds the state from
 it exactly.
 """
@@ -124,6 +124,8 @@ class PartitionState:
     time + the marker TTL."""
     loose_expiry: list[tuple[int, int, str]] = field(default_factory=list)
     """Heap of (time, 2, user US event) of loose interactions, dropped past the horizon."""
+    exposed: dict[str, str] = field(default_factory=dict)
+    """``experiment US user`` -> the variant of the user's first impression in it."""
     changes: Changes = field(default_factory=dict)
 
     # --- writes -----------------------------------------------------------------
@@ -167,6 +169,24 @@ class PartitionState:
 
     def _write_history(self, user_id: str, user: UserState) -> None:
         self.changes["h:" + user_id] = _encode(user.history) if user.history else None
+
+    def expose(self, key: str, variant: str) -> bool:
+        """Record a user's first exposure in an experiment (``experiment US user``);
+        False when the user was exposed already."""
+        if key in self.exposed:
+            return False
+        self.exposed[key] = variant
+        self.changes["e:" + key] = variant.encode()
+        return True
+
+    def drop_exposures(self, experiment: str) -> int:
+        """Forget an ended experiment's exposure records; returns how many."""
+        prefix = experiment + "\x1f"
+        gone = [k for k in self.exposed if k.startswith(prefix)]
+        for key in gone:
+            del self.exposed[key]
+            self.changes["e:" + key] = None
+        return len(gone)
 
     def mark_final(self, rid: str, deadline_ms: int, event_ids: set[str]) -> None:
         self.final[rid] = (deadline_ms, event_ids)
@@ -284,6 +304,8 @@ class PartitionState:
                 d, ids = _decode(raw)
                 state.final[key] = (d, set(ids))
                 state.expiry.append((d, 0, key))
+            elif kind == "e":
+                state.exposed[key] = raw.decode()
             elif kind == "x":
                 t = _decode(raw)
                 state.seen[key] = t

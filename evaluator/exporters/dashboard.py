@@ -1,8 +1,9 @@
 """The built-in live dashboard: a page served next to ``/metrics``, fed by the same series.
 
 Each refresh of the metrics text is parsed back into a compact snapshot (nDCG
-per variant raw and adjusted, A/B differences with their always-valid bands,
-requests per variant, the propensity curves, pipeline health), and the page
+per variant raw and adjusted, A/B differences since each experiment's start
+with their always-valid bands, the sequential p-value, users per arm and the
+sample-ratio test, requests per variant, the propensity curves, pipeline health), and the page
 polls ``/api/dashboard`` for the recent snapshots. The page and its script ship
 in the package (``evaluator/web``): nothing is loaded from a CDN.
 """
@@ -10,6 +11,7 @@ in the package (``evaluator/web``): nothing is loaded from a CDN.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections import deque
@@ -77,12 +79,10 @@ class DashboardHistory:
             snap["ndcg"].setdefault(labels["variant"], {})[kind] = value
         elif name == "recsys_eval_requests" and in_view and labels.get("cohort") == "all":
             snap["requests"][labels["variant"]] = value
-        elif name.startswith("recsys_eval_ab_ndcg_diff") and in_view:
-            if labels.get("adjusted") != "false":
-                return
-            key = f"{labels['experiment']}: {labels['variant']} - {labels['control']}"
-            part = name.removeprefix("recsys_eval_ab_ndcg_diff").lstrip("_") or "diff"
-            snap["ab"].setdefault(key, {})[part] = value
+        elif name.startswith("recsys_eval_ab_"):
+            self._take_ab(snap, name, labels, value)
+        elif name == "recsys_eval_srm_p_value" and math.isfinite(value):
+            snap.setdefault("srm", {})[labels["experiment"]] = value
         elif name == "recsys_eval_propensity":
             curve = snap["propensity"].setdefault(labels["estimator"], {})
             curve[int(labels["position"])] = value
@@ -91,6 +91,27 @@ class DashboardHistory:
         elif name in _HEALTH:
             health = snap["health"]
             health[_HEALTH[name]] = health.get(_HEALTH[name], 0.0) + value
+
+    def _take_ab(
+        self, snap: dict[str, Any], name: str, labels: dict[str, str], value: float
+    ) -> None:
+        """The experiment-scoped A/B series (cumulative: no window label); non-finite
+        values (inference withheld) are left out, which JSON could not carry."""
+        if not math.isfinite(value):
+            return
+        if name == "recsys_eval_ab_users":
+            users = snap.setdefault("users", {}).setdefault(labels["experiment"], {})
+            users[labels["variant"]] = value
+            return
+        compared = name.startswith("recsys_eval_ab_ndcg_diff") or name == "recsys_eval_ab_p_value"
+        if not compared or labels["k"] != self.k or labels["adjusted"] != "false":
+            return
+        key = f"{labels['experiment']}: {labels['variant']} - {labels['control']}"
+        if name.startswith("recsys_eval_ab_ndcg_diff"):
+            part = name.removeprefix("recsys_eval_ab_ndcg_diff").lstrip("_") or "diff"
+            snap["ab"].setdefault(key, {})[part] = value
+        elif name == "recsys_eval_ab_p_value" and labels.get("method") == "sequential":
+            snap["ab"].setdefault(key, {})["p"] = value
 
     def json(self) -> bytes:
         with self._lock:

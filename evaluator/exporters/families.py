@@ -91,8 +91,22 @@ def new_families() -> Families:
             [],
         ),
         "recsys_eval_srm_p_value": (
-            "Sample-ratio-mismatch chi-square p-value.",
-            ["experiment", "window"],
+            "Sample-ratio-mismatch chi-square p-value of the users exposed per variant "
+            "since the experiment's start.",
+            ["experiment"],
+        ),
+        "recsys_eval_ab_users": (
+            "Distinct users exposed to the variant since the experiment's start (exact).",
+            ["experiment", "variant"],
+        ),
+        "recsys_eval_ab_requests": (
+            "Finalised requests of the variant since the experiment's start.",
+            ["experiment", "variant"],
+        ),
+        "recsys_eval_ab_ready": (
+            "1 when the comparison with the control is trustworthy enough to show an "
+            "interval and p-values (enough users, variance not dominated by heavy users).",
+            ["experiment", "variant", "control"],
         ),
         "recsys_eval_propensity": (
             "Estimated examination propensity theta_k / theta_1 (all data so far).",
@@ -119,18 +133,22 @@ def new_families() -> Families:
             ["estimator"],
         ),
     }
-    ab = ["experiment", "variant", "control", "k", "window", "adjusted"]
+    ab = ["experiment", "variant", "control", "k", "adjusted"]
     for suffix, text in (
-        ("", "Variant minus control, mean nDCG@K."),
-        ("_lower", "Lower always-valid 95% bound of the difference."),
-        ("_upper", "Upper always-valid 95% bound of the difference."),
+        ("", "Variant minus control, mean nDCG@K since the experiment's start."),
+        ("_lower", "Lower always-valid bound (1 - ab.alpha) of the difference."),
+        ("_upper", "Upper always-valid bound (1 - ab.alpha) of the difference."),
     ):
         spec["recsys_eval_ab_ndcg_diff" + suffix] = (text, ab)
         spec["recsys_eval_ab_ndcg_lift" + suffix] = (
             text.replace("Variant minus control", "Relative lift"),
             ab,
         )
-    spec["recsys_eval_ab_p_value"] = ("p-value of variant vs control.", [*ab, "method"])
+    spec["recsys_eval_ab_p_value"] = (
+        "p-value of variant vs control since the experiment's start (method: sequential "
+        "is always valid; fixed only for a single look).",
+        [*ab, "method"],
+    )
     return Families(
         {n: d for n, (d, _) in spec.items()},
         {n: lab for n, (_, lab) in spec.items()},

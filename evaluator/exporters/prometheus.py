@@ -11,45 +11,31 @@ aggregate them with ``sum``. Labels are bounded: variants are capped
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
 
-from evaluator.config import ExperimentSettings, Settings
+from evaluator.ab import ExperimentReadout, ReadoutRules, denominator_column, read_experiment
+from evaluator.config import Settings
 from evaluator.exporters.families import Families, new_families
 from evaluator.propensity_estimation import estimate_all
-from evaluator.stats import (
-    SequentialTracker,
-    fixed_horizon,
-    ratio_estimate,
-    sequential,
-    srm_p_value,
-)
+from evaluator.stats import SequentialTracker
 from evaluator.stores.base import FloatArray, StateStore
 from evaluator.timeutil import format_duration_ms, parse_duration_ms
 from evaluator.windows_read import OTHER, cap_variants, window_totals
 
+log = logging.getLogger(__name__)
+
 COHORTS = {"all": None, "cold_start": 0, "established": 1}
 RATE_METRICS = {"mrr": "mrr", "hit_rate": "hit_rate"}
 """Per-request rates exported besides nDCG; precision and recall stay in replay reports."""
-
-
-@dataclass(frozen=True, slots=True)
-class Experiment:
-    """Variants compared with one control, and their expected traffic split."""
-
-    name: str
-    variants: list[str]
-    control: str
-    split: dict[str, float]
 
 
 class WindowCollector(Collector):
@@ -80,6 +66,19 @@ class WindowCollector(Collector):
         columns = self.layout.columns()
         self.col = {mk: 2 + i for i, mk in enumerate(columns)}
         self.n_values = len(columns)
+        ab = settings.ab
+        self.experiments = ab.experiment_list()
+        self.denominator = denominator_column(settings.metrics.zero_relevance)
+        self.rules = ReadoutRules(
+            self.layout.ks,
+            self.col,
+            settings.metrics.zero_relevance,
+            ab.alpha,
+            ab.tuning,
+            ab.min_users,
+            ab.min_effective_buckets,
+        )
+        self._status: dict[tuple[str, str], str] = {}
 
     def _scrape(self) -> Families:
         fam = new_families()
@@ -91,6 +90,7 @@ class WindowCollector(Collector):
             fam.add("recsys_eval_due_requests", {}, due)
             for window in self.layout.windows_ms:
                 self._window(fam, window, frontier)
+            self._experiments(fam)
         if self.settings.propensity.collect:
             self._propensity(fam)
         return fam
@@ -143,18 +143,19 @@ class WindowCollector(Collector):
                     coverage.get((variant, k), math.nan),
                 )
             self._variant(fam, variant, block, label, coverage)
-        for experiment in self._experiments([v for v in totals if v != OTHER]):
-            members = {v: totals[v] for v in experiment.variants}
-            self._ab(fam, members, label, experiment)
-            self._overlap(fam, window, starts, counts, label, experiment=experiment)
-            requests = [float(b[..., 0].sum()) for b in members.values()]
-            split = experiment.split
-            weights = np.asarray([split.get(v, 0.0) for v in members]) if split else None
-            fam.add(
-                "recsys_eval_srm_p_value",
-                {"experiment": experiment.name, "window": label},
-                srm_p_value(np.asarray(requests), weights),
-            )
+        for experiment in self.experiments:
+            control, others = experiment.arms(v for v in totals if v != OTHER)
+            if others:
+                self._overlap(
+                    fam,
+                    window,
+                    starts,
+                    counts,
+                    label,
+                    experiment=experiment.name,
+                    control=control,
+                    others=others,
+                )
 
     def _cached(self, key: tuple[int, str], compute: Callable[[], Any]) -> Any:
         now = time.monotonic()
@@ -189,14 +190,15 @@ class WindowCollector(Collector):
         counts: dict[tuple[str, int], float],
         label: str,
         *,
-        experiment: Experiment,
+        experiment: str,
+        control: str,
+        others: list[str],
     ) -> None:
         """Jaccard@K between each variant's and the control's item sets (sketch-based:
         |A ∩ B| = |A| + |B| − |A ∪ B|)."""
-        variants, control = experiment.variants, experiment.control
-        groups = [(v, control, k) for v in variants if v != control for k in self.layout.ks]
+        groups = [(v, control, k) for v in others for k in self.layout.ks]
         unions = self._cached(
-            (window, "unions:" + ",".join(variants)),
+            (window, "unions:" + ",".join([control, *others])),
             lambda: self.store.distinct_unions(window, starts, groups),
         )
         for (variant, _, k), union in zip(groups, unions, strict=True):
@@ -204,7 +206,7 @@ class WindowCollector(Collector):
             fam.add(
                 "recsys_eval_ab_overlap",
                 {
-                    "experiment": experiment.name,
+                    "experiment": experiment,
                     "variant": variant,
                     "control": control,
                     "k": str(k),
@@ -213,20 +215,6 @@ class WindowCollector(Collector):
                 },
                 max(0.0, both) / union if union else math.nan,
             )
-
-    def _experiments(self, variants: list[str]) -> list[Experiment]:
-        """Configured experiments (or one ``default`` over every variant) with 2+ variants."""
-        ab = self.settings.ab
-        specs = ab.experiments or {
-            "default": ExperimentSettings(control=ab.control, variants=[], split=ab.split)
-        }
-        out = []
-        for name, spec in specs.items():
-            members = [v for v in variants if not spec.variants or v in spec.variants]
-            if len(members) >= 2:
-                control = spec.control if spec.control in members else sorted(members)[0]
-                out.append(Experiment(name, members, control, spec.split))
-        return out
 
     def _bucket_starts(self, window: int, frontier: int) -> list[int]:
         width = self.layout.bucket_width(window)
@@ -239,8 +227,7 @@ class WindowCollector(Collector):
         return float(block[..., total].sum()) / n if n else math.nan
 
     def _mean(self, block: FloatArray, metric: str, k: int) -> float:
-        denom_col = 1 if self.settings.metrics.zero_relevance == "skip" else 0
-        denom = float(block[..., denom_col].sum())
+        denom = float(block[..., self.denominator].sum())
         return float(block[..., self.col[(metric, k)]].sum()) / denom if denom else math.nan
 
     def _variant(
@@ -302,42 +289,64 @@ class WindowCollector(Collector):
                 composite = math.nan
         fam.add("recsys_eval_composite_score", {"variant": variant, "window": window}, composite)
 
-    def _ab(
-        self, fam: Families, totals: dict[str, FloatArray], window: str, experiment: Experiment
-    ) -> None:
-        ab = self.settings.ab
-        control = experiment.control
-        for k in self.layout.ks:
-            for adjusted, metric in (("false", "ndcg"), ("true", "ndcg_adjusted")):
-                col = self.col[(metric, k)]
-                ref = totals[control].sum(axis=0)
-                c_est = ratio_estimate(ref[:, col], ref[:, 0])
-                for variant, block in totals.items():
-                    if variant == control:
-                        continue
-                    per = block.sum(axis=0)
-                    v_est = ratio_estimate(per[:, col], per[:, 0])
-                    labels = {
-                        "experiment": experiment.name,
-                        "variant": variant,
-                        "control": control,
-                        "k": str(k),
-                        "window": window,
-                        "adjusted": adjusted,
-                    }
-                    seq = self.tracker.update(
-                        tuple(labels.values()), sequential(c_est, v_est, ab.alpha, ab.tuning)
-                    )
-                    fixed = fixed_horizon(c_est, v_est, ab.alpha)
-                    lift = seq.lift()
-                    for suffix, value, lifted in (
-                        ("", seq.diff, lift[0]),
-                        ("_lower", seq.lower, lift[1]),
-                        ("_upper", seq.upper, lift[2]),
-                    ):
-                        fam.add("recsys_eval_ab_ndcg_diff" + suffix, labels, value)
-                        fam.add("recsys_eval_ab_ndcg_lift" + suffix, labels, lifted)
-                    fam.add(
-                        "recsys_eval_ab_p_value", {**labels, "method": "sequential"}, seq.p_value
-                    )
-                    fam.add("recsys_eval_ab_p_value", {**labels, "method": "fixed"}, fixed.p_value)
+    def _experiments(self, fam: Families) -> None:
+        """Each experiment's A/B readout from its cumulative statistics."""
+        allowed = set(self.settings.ab.variants)
+        for experiment in self.experiments:
+            blocks = self.store.experiment_blocks(experiment.name)
+            users = self.store.exposures(experiment.name)
+            if allowed:  # the allow-list bounds the variant label
+                blocks = {v: b for v, b in blocks.items() if v in allowed}
+                users = {v: n for v, n in users.items() if v in allowed}
+            keep = sorted(users, key=lambda v: -users[v])[: self.settings.ab.max_variants]
+            blocks = {v: b for v, b in blocks.items() if v in keep}
+            users = {v: users[v] for v in keep}
+            readout = read_experiment(experiment, blocks, users, self.rules, self.tracker)
+            self._render(fam, readout)
+
+    def _render(self, fam: Families, readout: ExperimentReadout) -> None:
+        name = readout.name
+        fam.add("recsys_eval_srm_p_value", {"experiment": name}, readout.srm_p_value)
+        for variant, n in readout.users.items():
+            fam.add("recsys_eval_ab_users", {"experiment": name, "variant": variant}, float(n))
+            fam.add(
+                "recsys_eval_ab_requests",
+                {"experiment": name, "variant": variant},
+                readout.requests[variant],
+            )
+        ready: dict[str, bool] = {}
+        for c in readout.comparisons:
+            labels = {
+                "experiment": name,
+                "variant": c.variant,
+                "control": c.control,
+                "k": str(c.k),
+                "adjusted": c.adjusted,
+            }
+            for suffix, value, lifted in (
+                ("", c.diff, c.lift[0]),
+                ("_lower", c.lower, c.lift[1]),
+                ("_upper", c.upper, c.lift[2]),
+            ):
+                fam.add("recsys_eval_ab_ndcg_diff" + suffix, labels, value)
+                fam.add("recsys_eval_ab_ndcg_lift" + suffix, labels, lifted)
+            fam.add("recsys_eval_ab_p_value", {**labels, "method": "sequential"}, c.p_sequential)
+            fam.add("recsys_eval_ab_p_value", {**labels, "method": "fixed"}, c.p_fixed)
+            if c.variant not in ready:
+                ready[c.variant] = c.ready
+                self._log_status(name, c.variant, c.reason)
+                fam.add(
+                    "recsys_eval_ab_ready",
+                    {"experiment": name, "variant": c.variant, "control": c.control},
+                    float(c.ready),
+                )
+
+    def _log_status(self, experiment: str, variant: str, reason: str) -> None:
+        """One log line when an arm's inference is withheld or becomes available."""
+        key = (experiment, variant)
+        if self._status.get(key) != reason:
+            self._status[key] = reason
+            if reason:
+                log.info("A/B %s/%s: no interval or p-value yet: %s", experiment, variant, reason)
+            else:
+                log.info("A/B %s/%s: interval and p-values available", experiment, variant)

@@ -70,6 +70,16 @@ class StateStore(Protocol):
         """
         ...
 
+    def experiment_blocks(self, experiment: str) -> dict[str, FloatArray]:
+        """An experiment's cumulative statistics since its start, per variant, summed
+        over shards: ``(2, user_buckets, row_width)`` each."""
+        ...
+
+    def exposures(self, experiment: str) -> dict[str, int]:
+        """Distinct users exposed per variant of an experiment (each at their first
+        exposure; exact)."""
+        ...
+
     def distinct_items(
         self, window_ms: int, bucket_starts: Sequence[int], variants: Sequence[str]
     ) -> tuple[dict[tuple[str, int], float], float]:

@@ -1,6 +1,7 @@
 """What one finalisation commit writes, computed from the finalised rows (pure).
 
-Blocks: the per-(window, bucket, variant) sums of the requests' statistics rows.
+Blocks: the per-(window, bucket, variant) sums of the requests' statistics rows,
+and per (experiment, variant) the cumulative ones.
 Coverage: which items go to which HyperLogLog sketch, and which sketches are
 merged into longer windows' ones. Propensity: the estimators' counter
 increments per day of finalisation. The Redis store turns them into script
@@ -17,10 +18,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from evaluator.experiments import SEP
 from evaluator.finalise import Finalised
 from evaluator.propensity_estimation import Observation, counter_day, increments
 from evaluator.windows import AggregateLayout
 
+FloatArray = npt.NDArray[np.float64]
 SketchKey = Callable[[int, int, str, int], str]
 """(window ms, bucket start ms, variant, k) -> sketch key; variant "*" and k 0 for the
 catalogue sketch of the longest window."""
@@ -47,6 +50,34 @@ def block_increments(
         (f"{w}:{start}:{variant}", start, (2 * w) // 1000 + 3600, w) for (w, start, variant) in keys
     ]
     return blocks, sums.astype("<f8").tobytes()
+
+
+def experiment_increments(finalised: Finalised, layout: AggregateLayout) -> dict[str, FloatArray]:
+    """Per ``experiment US variant``, the block (cohort, local user bucket, row) that the
+    finalised requests add to the experiment's cumulative statistics."""
+    out: dict[str, FloatArray] = {}
+    if not finalised.experiment_rows:
+        return out
+    variants = np.asarray([r.variant for r in finalised.requests], dtype=object)
+    local = finalised.user_bucket // layout.shards
+    for name, rows in finalised.experiment_rows.items():
+        for variant in np.unique(variants[rows]).tolist():
+            mine = rows[variants[rows] == variant]
+            block = out.setdefault(name + SEP + variant, np.zeros(layout.block_shape))
+            np.add.at(block, (finalised.cohort[mine], local[mine]), finalised.rows[mine])
+    return out
+
+
+def merge_increments(parts: list[dict[str, FloatArray]]) -> dict[str, FloatArray]:
+    """Blocks of several finalised batches summed per key."""
+    out: dict[str, FloatArray] = {}
+    for part in parts:
+        for key, block in part.items():
+            if key in out:
+                out[key] = out[key] + block
+            else:
+                out[key] = block
+    return out
 
 
 def coverage_updates(

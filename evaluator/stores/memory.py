@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from evaluator.engine.checkpoint import Checkpoint, Delta, Marks, Outcome
+from evaluator.experiments import SEP
 from evaluator.finalise import Finalised
 from evaluator.propensity_estimation import (
     DAY_MS,
@@ -23,6 +24,7 @@ from evaluator.propensity_estimation import (
     increments,
 )
 from evaluator.stores.base import FloatArray
+from evaluator.stores.commit_payload import experiment_increments, merge_increments
 from evaluator.windows import AggregateLayout, expand_shards
 
 
@@ -56,6 +58,9 @@ class MemoryStore:
         """Estimator counters per day of finalisation (see ``propensity.history``)."""
         self._curves: dict[int, tuple[float, ...]] = {}
         self._parts: dict[int, _Partition] = {}
+        self._experiments: dict[tuple[str, int], FloatArray] = {}
+        """(experiment US variant, shard) -> cumulative block."""
+        self._exposures: Counter[str] = Counter()
 
     def check_layout(self) -> None:
         return None
@@ -132,7 +137,13 @@ class MemoryStore:
                 part.forwarded_ms = delta.forwarded_ms
             part.open_requests = delta.open_requests
             self._counters.update({k: v for k, v in delta.counters.items() if v})
+            self._exposures.update({k: v for k, v in delta.exposures.items() if v})
             observed: dict[int, list[Observation]] = {}
+            for key, block in merge_increments(
+                [experiment_increments(done, self.layout) for done in delta.finalised]
+            ).items():
+                found = self._experiments.get((key, partition))
+                self._experiments[(key, partition)] = block if found is None else found + block
             for done in delta.finalised:
                 for i in range(len(done.requests)):
                     self._aggregate(done, i, partition, observed)
@@ -168,6 +179,20 @@ class MemoryStore:
                 if window == window_ms and lo <= start <= hi:
                     grouped.setdefault((start, variant), {})[shard] = block.copy()
         return {key: expand_shards(parts, self.layout) for key, parts in grouped.items()}
+
+    def experiment_blocks(self, experiment: str) -> dict[str, FloatArray]:
+        grouped: dict[str, dict[int, FloatArray]] = {}
+        prefix = experiment + SEP
+        with self._lock:
+            for (key, shard), block in self._experiments.items():
+                if key.startswith(prefix):
+                    grouped.setdefault(key[len(prefix) :], {})[shard] = block.copy()
+        return {v: expand_shards(parts, self.layout) for v, parts in grouped.items()}
+
+    def exposures(self, experiment: str) -> dict[str, int]:
+        prefix = experiment + SEP
+        with self._lock:
+            return {k[len(prefix) :]: n for k, n in self._exposures.items() if k.startswith(prefix)}
 
     def distinct_items(
         self, window_ms: int, bucket_starts: Sequence[int], variants: Sequence[str]

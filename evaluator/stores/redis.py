@@ -34,16 +34,22 @@ from redis.retry import Retry
 
 from evaluator.config import ConfigError
 from evaluator.engine.checkpoint import Checkpoint, Delta, Marks, Outcome
+from evaluator.experiments import SEP
 from evaluator.propensity_estimation import (
     DAY_MS,
     first_kept_day,
 )
 from evaluator.stores.base import FloatArray
 from evaluator.stores.block_cache import BlockCache
-from evaluator.stores.commit_payload import block_increments, propensity_increments
+from evaluator.stores.commit_payload import (
+    block_increments,
+    experiment_increments,
+    merge_increments,
+    propensity_increments,
+)
 from evaluator.stores.redis_blocks import read_blocks, text
 from evaluator.stores.redis_sketches import CoverageSketches
-from evaluator.windows import AggregateLayout
+from evaluator.windows import AggregateLayout, expand_shards
 
 SCRIPTS = ("checkpoint",)
 STATE_SCAN = 10_000
@@ -239,6 +245,10 @@ class RedisStore:
             meta += ["fw", delta.forwarded_ms]
         meta += ["open", delta.open_requests]
         counters = [x for k, v in delta.counters.items() if v for x in (k, v)]
+        cumulative = merge_increments(
+            [experiment_increments(done, self.layout) for done in delta.finalised]
+        )
+        exposures = [x for k, v in delta.exposures.items() if v for x in (k, v)]
         payload: tuple[Any, ...] = (
             [],
             deleted,
@@ -247,6 +257,8 @@ class RedisStore:
             blocks,
             propensity,
             sorted(variants),
+            list(cumulative),
+            exposures,
         )
         pipe = self.client.pipeline(transaction=False)
         self._call(
@@ -262,6 +274,7 @@ class RedisStore:
                 self.propensity_history_ms,
                 seq,
                 written,
+                b"".join(b.astype("<f8").tobytes() for b in cumulative.values()),
             ],
         )
         reply = int(self._execute(pipe)[0])
@@ -278,6 +291,46 @@ class RedisStore:
         for p, m in enumerate(self._partition_meta()):
             own, fw = m.get("ow"), m.get("fw")
             out[p] = Marks(int(own) if own else None, int(fw) if fw else None)
+        return out
+
+    def _experiment_keys(self, experiment: str) -> list[list[str]]:
+        """Per shard, the ``experiment US variant`` keys it holds for the experiment."""
+        pipe = self.client.pipeline(transaction=False)
+        for shard in range(self.layout.shards):
+            pipe.smembers(self.tag(shard) + "xv")
+        prefix = experiment + SEP
+        return [
+            sorted(k for k in map(text, found) if k.startswith(prefix)) for found in pipe.execute()
+        ]
+
+    def experiment_blocks(self, experiment: str) -> dict[str, FloatArray]:
+        keys = self._experiment_keys(experiment)
+        pipe = self.client.pipeline(transaction=False)
+        for shard, mine in enumerate(keys):
+            for key in mine:
+                pipe.get(self.tag(shard) + "x:" + key)
+        raw = iter(pipe.execute())
+        grouped: dict[str, dict[int, FloatArray]] = {}
+        cut = len(experiment) + 1
+        for shard, mine in enumerate(keys):
+            for key in mine:
+                found = next(raw)
+                if found:
+                    block = np.frombuffer(found, dtype="<f8").reshape(self.layout.block_shape)
+                    grouped.setdefault(key[cut:], {})[shard] = block
+        return {v: expand_shards(parts, self.layout) for v, parts in grouped.items()}
+
+    def exposures(self, experiment: str) -> dict[str, int]:
+        pipe = self.client.pipeline(transaction=False)
+        for shard in range(self.layout.shards):
+            pipe.hgetall(self.tag(shard) + "xu")
+        out: dict[str, int] = {}
+        prefix = experiment + SEP
+        for found in pipe.execute():
+            for k, v in found.items():
+                name = text(k)
+                if name.startswith(prefix):
+                    out[name[len(prefix) :]] = out.get(name[len(prefix) :], 0) + int(v)
         return out
 
     def frontier(self) -> int | None:

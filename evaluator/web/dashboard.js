@@ -80,8 +80,10 @@ function drawAb(snaps) {
   const keys = [...new Set(snaps.flatMap((s) => Object.keys(s.ab)))];
   const text = document.getElementById("ab-text");
   if (!keys.length) { svg.replaceChildren(); text.textContent = "no comparison yet"; return; }
+  // the y-axis follows the recent band (the newer half of the history), not the
+  // first wide intervals of a young experiment
   const values = [0];
-  for (const s of snaps) for (const k of keys) { const a = s.ab[k]; if (a) values.push(a.diff, a.lower ?? a.diff, a.upper ?? a.diff); }
+  for (const s of snaps.slice(Math.floor(snaps.length / 2))) for (const k of keys) { const a = s.ab[k]; if (a) values.push(a.diff, a.lower ?? a.diff, a.upper ?? a.diff); }
   const times = snaps.map((s) => s.t);
   const { sx, sy } = frame(svg, [Math.min(...times), Math.max(...times)], range(values.filter(isFinite), 0.1), clock, fixed(3));
   el("line", { x1: sx(times[0]), x2: sx(times[times.length - 1]), y1: sy(0), y2: sy(0), stroke: "#888", "stroke-dasharray": "3 3" }, svg);
@@ -97,9 +99,17 @@ function drawAb(snaps) {
     el("path", { d: path(pts.map(([t, a]) => [t, a.diff]), sx, sy), fill: "none", stroke: color, "stroke-width": 2, class: "series diff" }, svg);
     const a = pts[pts.length - 1][1];
     const lo = a.lower === undefined ? "…" : a.lower.toFixed(4), hi = a.upper === undefined ? "…" : a.upper.toFixed(4);
-    const verdict = a.lower > 0 ? "better" : a.upper < 0 ? "worse" : "not yet decided";
-    lines.push(`${k}: ${a.diff.toFixed(4)} [${lo}, ${hi}] — ${verdict}`);
+    const verdict = a.lower === undefined ? "too early to tell" : a.lower > 0 ? "better" : a.upper < 0 ? "worse" : "not yet decided";
+    const p = a.p === undefined ? "" : `, sequential p ${a.p < 0.001 ? a.p.toExponential(1) : a.p.toFixed(3)}`;
+    lines.push(`${k}: ${a.diff.toFixed(4)} [${lo}, ${hi}]${p} — ${verdict}`);
   });
+  const last = snaps[snaps.length - 1];
+  for (const [exp, users] of Object.entries(last.users || {})) {
+    const arms = Object.entries(users).map(([v, n]) => `${v} ${Math.round(n).toLocaleString()}`).join(" / ");
+    const srm = (last.srm || {})[exp];
+    const warn = srm !== undefined && srm < 0.001 ? " ⚠ sample-ratio mismatch: the split is not as configured, do not trust the comparison" : "";
+    lines.push(`${exp} users: ${arms}${srm === undefined ? "" : `, SRM p ${srm.toFixed(4)}`}${warn}`);
+  }
   text.textContent = lines.join("  ·  ");
 }
 

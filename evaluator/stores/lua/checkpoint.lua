@@ -5,13 +5,16 @@
 -- ARGV[1] = key prefix with tag   ARGV[2] = the writer's epoch
 -- ARGV[3] = msgpack {{}, {deleted field, ...}, {meta field, value, ...},
 --           {counter, increment, ...}, {block suffix, bucket start, ttl s, window ms}...,
---           {day, {propensity field, increment, ...}, ...}, {variant, ...}}
+--           {day, {propensity field, increment, ...}, ...}, {variant, ...},
+--           {experiment US variant, ...}, {experiment US variant, users, ...}}
 -- ARGV[4] = doubles per block   ARGV[5] = the blocks' increments (little-endian doubles,
 --           one block after another)   ARGV[6] = propensity history ms
 -- ARGV[7] = checkpoints the writer has written (seq): this one must follow it
 -- ARGV[8] = changelog fields written, framed: per field a little-endian uint16 name
 --           length, the name, a uint32 value length, the value (raw bytes; one argument
 --           instead of two per field, which the client would pack one by one)
+-- ARGV[9] = the increments of each experiment's cumulative block (as ARGV[5]), in the
+--           order of data[8]; data[9]: users first exposed per experiment and variant
 -- Returns 1 when written; otherwise writes nothing and returns 0 when a newer owner has
 -- claimed the partition, -1 when the stored copy is not the writer's last (lost writes).
 local p = ARGV[1]
@@ -37,4 +40,11 @@ for i = 1, #counters, 2 do redis.call('HINCRBY', p .. 'c', counters[i], counters
 if #data[5] > 0 then add_blocks(p, data[5], ARGV[5], tonumber(ARGV[4])) end
 if #data[6] > 0 then add_propensity(p, data[6], tonumber(ARGV[6])) end
 for _, variant in ipairs(data[7]) do redis.call('SADD', p .. 'vars', variant) end
+local nblock = tonumber(ARGV[4])
+for i, key in ipairs(data[8]) do  -- cumulative since the experiment's start: no TTL
+  add_block(p .. 'x:' .. key, ARGV[9], (i - 1) * nblock * 8 + 1, nblock, nil)
+  redis.call('SADD', p .. 'xv', key)
+end
+local exposed = data[9]
+for i = 1, #exposed, 2 do redis.call('HINCRBY', p .. 'xu', exposed[i], exposed[i + 1]) end
 return 1

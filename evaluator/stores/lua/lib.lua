@@ -78,8 +78,11 @@ end
 local BLOCK_CHUNK = 4000  -- doubles unpacked at once (Lua's unpack limit is ~8000)
 local function add_block(key, incs, at, nblock, ttl)
   local cur = redis.call('GET', key)
+  local function set(value)  -- ttl nil: kept until deleted
+    if ttl then redis.call('SET', key, value, 'EX', ttl) else redis.call('SET', key, value) end
+  end
   if not cur then  -- a new block is its increments, bytes as they are
-    redis.call('SET', key, string.sub(incs, at, at + nblock * 8 - 1), 'EX', ttl)
+    set(string.sub(incs, at, at + nblock * 8 - 1))
     return
   end
   local parts = {}
@@ -90,7 +93,7 @@ local function add_block(key, incs, at, nblock, ttl)
     for j = 1, n do inc[j] = inc[j] + vals[j] end
     parts[#parts + 1] = struct.pack(fmt, unpack(inc, 1, n))
   end
-  redis.call('SET', key, table.concat(parts), 'EX', ttl)
+  set(table.concat(parts))
 end
 local function add_blocks(p, blocks, incs, nblock)
   local version = redis.call('INCR', p .. 'ver')
