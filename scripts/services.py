@@ -263,8 +263,8 @@ group.initial.rebalance.delay.ms=0
             "kafka.tools.StorageTool",
             "format",
             "--standalone",
-            "-t",
-            cluster_id,
+            # one argument: a random id may start with "-", which argparse reads as an option
+            f"--cluster-id={cluster_id}",
             "-c",
             str(props),
         ],
