@@ -66,7 +66,9 @@ class BucketCurves:
                 return curve
         p = self.settings.propensity
         counts = self.store.propensity_counts()
-        fitted = estimate(counts, p.estimator_name, p.positions, p.min_clicks).curve()
+        fitted = estimate(
+            counts, p.estimator_name, p.positions, p.min_clicks, intervals=False
+        ).curve()  # scoring needs the curve only
         self._fit = (now, done, fitted)
         return fitted
 

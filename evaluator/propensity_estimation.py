@@ -13,8 +13,10 @@ claimed once, so nothing is double counted). Three estimators read them:
   in the same context shown at position 1 and at position k by different
   requests (for example by different variants) gives theta_k / theta_1 =
   sum_i w_i CTR_i(k) / sum_i w_i CTR_i(1), with w_i = n_i1 n_ik / (n_i1 + n_ik).
-* ``em``: the position-based model P(click | item, k) = theta_k gamma_item fitted
-  by expectation-maximisation on the (context, item, position) counts.
+* ``em``: the position-based model P(click | context, item, k) = theta_k gamma
+  fitted by expectation-maximisation on the (context, item, position) counts, with
+  each row's relevance integrated out under a distribution estimated from the data
+  (robust to rows of one or two impressions; see :mod:`evaluator.propensity_em`).
 
 Every estimate comes with per-position sample sizes and approximate 95%
 intervals (delta method on the log ratio), a fitted power law k ** -eta, and
@@ -23,6 +25,7 @@ falls back to that power law at positions with too few clicks.
 
 from __future__ import annotations
 
+import zlib
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +33,8 @@ from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
+
+from evaluator.propensity_em import FOLDS, fit_position_model
 
 FloatArray = npt.NDArray[np.float64]
 Estimator = Literal["randomized", "harvesting", "em"]
@@ -117,12 +122,15 @@ class Tables:
     """(2,): shown, clicks at position 1 without randomisation."""
     shown: FloatArray
     clicks: FloatArray
+    folds: npt.NDArray[np.int64] | None = None
+    """Per (context, item) row, its context's jackknife group (0 .. 9, a stable hash)."""
 
 
 def tables(counters: Mapping[str, int], positions: int) -> Tables:
     """Parse summed counters into arrays; unknown or out-of-range keys are ignored."""
     topn, swap, base = np.zeros((2, positions)), np.zeros((2, positions)), np.zeros(2)
     rows: dict[str, int] = {}
+    contexts: list[str] = []
     cells: list[tuple[int, int, int, int]] = []
     for key, value in counters.items():
         parts = key.split(SEP)
@@ -132,6 +140,8 @@ def tables(counters: Mapping[str, int], positions: int) -> Tables:
             continue
         if parts[0] == "h" and len(parts) == 4:
             row = rows.setdefault(f"{parts[1]}{SEP}{parts[2]}", len(rows))
+            if row == len(contexts):
+                contexts.append(parts[1])
             cells.append((row, pos, shown, clicks))
         elif parts[0] == "r" and parts[1] == "topn":
             topn[:, pos] += (shown, clicks)
@@ -144,7 +154,8 @@ def tables(counters: Mapping[str, int], positions: int) -> Tables:
         arr = np.asarray(cells, dtype=np.int64)
         np.add.at(shown_m, (arr[:, 0], arr[:, 1]), arr[:, 2])
         np.add.at(clicks_m, (arr[:, 0], arr[:, 1]), arr[:, 3])
-    return Tables(topn, swap, base, shown_m, clicks_m)
+    folds = np.fromiter((zlib.crc32(c.encode()) % FOLDS for c in contexts), np.int64, len(contexts))
+    return Tables(topn, swap, base, shown_m, clicks_m, folds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,43 +249,38 @@ def harvesting(t: Tables, min_clicks: int = 30) -> Estimate:
     return _finish("harvesting", theta, se_log, samples, min_clicks)
 
 
-def em(t: Tables, min_clicks: int = 30, iterations: int = 200, tol: float = 1e-7) -> Estimate:
-    """EM for the position-based model on (context, item) x position counts."""
-    n, c = t.shown, t.clicks
-    seen = n.sum(axis=0) > 0
-    theta = np.where(seen, 1.0 / np.arange(1, n.shape[1] + 1), 0.0)
-    gamma = np.full(n.shape[0], 0.2)
-    for _ in range(iterations):
-        tg = theta[None, :] * gamma[:, None]
-        unclicked = n - c
-        with np.errstate(divide="ignore", invalid="ignore"):
-            denom = np.where(tg < 1, 1 - tg, 1.0)
-            exam = c + unclicked * theta[None, :] * (1 - gamma[:, None]) / denom
-            rel = c + unclicked * (1 - theta[None, :]) * gamma[:, None] / denom
-            new_theta = np.where(seen, exam.sum(axis=0) / n.sum(axis=0), 0.0)
-            new_gamma = rel.sum(axis=1) / np.maximum(n.sum(axis=1), 1)
-        new_theta = np.clip(np.nan_to_num(new_theta), 1e-6, 1 - 1e-9)
-        new_gamma = np.clip(new_gamma, 1e-6, 1 - 1e-9)
-        done = np.abs(new_theta - theta).max() < tol
-        theta, gamma = new_theta, new_gamma
-        if done:
-            break
-    clicks = c.sum(axis=0)
-    with np.errstate(divide="ignore"):
-        se_log = np.sqrt(1 / clicks + 1 / clicks[0])
-    return _finish("em", theta / theta[0], se_log, clicks, min_clicks)
+def em(
+    t: Tables,
+    min_clicks: int = 30,
+    iterations: int = 200,
+    tol: float = 3e-5,
+    *,
+    intervals: bool = True,
+) -> Estimate:
+    """The position-based model fitted on (context, item) x position counts, robust to
+    sparse rows (see :mod:`evaluator.propensity_em`). ``intervals=False`` skips the
+    jackknife (ten refits) when only the curve is needed: its bounds are then
+    the observed-information ones."""
+    folds = t.folds if intervals else None
+    theta, se_log, clicks = fit_position_model(t.shown, t.clicks, folds, iterations, tol)
+    return _finish("em", theta, se_log, clicks, min_clicks)
 
 
 def estimate(
-    counters: Mapping[str, int], estimator: Estimator, positions: int, min_clicks: int = 30
+    counters: Mapping[str, int],
+    estimator: Estimator,
+    positions: int,
+    min_clicks: int = 30,
+    *,
+    intervals: bool = True,
 ) -> Estimate:
-    """The named estimator's curve from summed counters."""
+    """The named estimator's curve from summed counters (``intervals``: see :func:`em`)."""
     t = tables(counters, positions)
     if estimator == "randomized":
         return randomized(t, min_clicks)
     if estimator == "harvesting":
         return harvesting(t, min_clicks)
-    return em(t, min_clicks)
+    return em(t, min_clicks, intervals=intervals)
 
 
 def estimate_all(

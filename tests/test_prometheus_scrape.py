@@ -100,7 +100,7 @@ def test_dashboard_and_alert_expressions_against_a_real_scrape(
                 wanted = [
                     query(base, "count(recsys_eval_ab_ndcg_diff_upper)"),
                     query(base, "sum(rate(recsys_eval_events_consumed_total[1m]))"),
-                    # estimates are refreshed at most every 10 s, apart from the windows
+                    # estimates are asked for at every refresh until one has a curve
                     query(base, "count(recsys_eval_propensity_eta)"),
                 ]
             except OSError:

@@ -98,8 +98,9 @@ class WindowCollector(Collector):
     def _propensity(self, fam: Families) -> None:
         p = self.settings.propensity
         estimates = self._cached(
-            (0, "propensity"),  # cached like the sketches; at most 10 s old
+            (0, "propensity"),  # cached like the sketches (EM's intervals take ten refits)
             lambda: estimate_all(self.store.propensity_counts(), p.positions, p.min_clicks),
+            done=lambda found: any(math.isfinite(e.eta) for e in found.values()),
         )
         for name, e in estimates.items():
             fam.add("recsys_eval_propensity_eta", {"estimator": name}, e.eta)
@@ -157,12 +158,15 @@ class WindowCollector(Collector):
                     others=others,
                 )
 
-    def _cached(self, key: tuple[int, str], compute: Callable[[], Any]) -> Any:
+    def _cached(
+        self, key: tuple[int, str], compute: Callable[[], Any], done: Callable[[Any], bool] = bool
+    ) -> Any:
+        """``compute()``, kept ``sketch_refresh_s``; until ``done`` holds for the value
+        (nothing yet, e.g. at start) it is asked again at every refresh."""
         now = time.monotonic()
         hit = self._sketches.get(key)
-        max_age = min(self.sketch_refresh_s, 10.0) if key[1] == "propensity" else None
-        fresh = hit is not None and now - hit[0] < (max_age or self.sketch_refresh_s)
-        if hit is not None and fresh and hit[1]:  # nothing yet (e.g. at start): ask again
+        fresh = hit is not None and now - hit[0] < self.sketch_refresh_s
+        if hit is not None and fresh and done(hit[1]):
             return hit[1]
         value = compute()
         self._sketches[key] = (now, value)
