@@ -70,6 +70,19 @@ def test_dashboard_renders_live_values(demo_server, tmp_path) -> None:
         assert "control: raw 0." in legend and "treatment: raw 0." in legend
         bars = browser.find_elements(By.CSS_SELECTOR, "#requests-chart rect.bar")
         assert len(bars) == 2 and all(float(b.get_attribute("height")) > 0 for b in bars)
+        # users per arm since the experiment's start, with the sample-ratio test
+        arms = browser.find_elements(By.CSS_SELECTOR, "#users-chart path.users")
+        assert {a.get_attribute("data-arm") for a in arms} == {
+            "default/control",
+            "default/treatment",
+        }
+        assert "SRM p" in browser.find_element(By.ID, "users-text").text
+        # the A/B text carries the sequential p-value once inference is available
+        assert "sequential p" in browser.find_element(By.ID, "ab-text").text
+        # the demo runs event time 20x faster than the wall clock, and says so
+        assert "faster than the wall clock" in browser.find_element(By.ID, "time-note").text
+        ticks = [t.text for t in browser.find_elements(By.CSS_SELECTOR, "#ab-chart text.tick")]
+        assert all(len(t.split(".")[-1]) <= 4 for t in ticks if "." in t)  # rounded ticks
         health = browser.find_element(By.ID, "health").text
         assert "consumed" in health and "finalised" in health
         assert browser.find_elements(By.CSS_SELECTOR, "#propensity-chart path.series")

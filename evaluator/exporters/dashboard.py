@@ -81,6 +81,8 @@ class DashboardHistory:
             snap["requests"][labels["variant"]] = value
         elif name.startswith("recsys_eval_ab_"):
             self._take_ab(snap, name, labels, value)
+        elif name == "recsys_eval_watermark_seconds":
+            snap["watermark"] = value
         elif name == "recsys_eval_srm_p_value" and math.isfinite(value):
             snap.setdefault("srm", {})[labels["experiment"]] = value
         elif name == "recsys_eval_propensity":

@@ -19,8 +19,7 @@ function frame(svg, xs, ys, fmtX, fmtY) {
   const [x0, x1] = xs, [y0, y1] = ys;
   const sx = (x) => left + ((x - x0) / (x1 - x0 || 1)) * (right - left);
   const sy = (y) => bottom - ((y - y0) / (y1 - y0 || 1)) * (bottom - top);
-  for (let i = 0; i <= 4; i++) {
-    const y = y0 + ((y1 - y0) * i) / 4;
+  for (const y of niceTicks(y0, y1)) {
     el("line", { x1: left, x2: right, y1: sy(y), y2: sy(y), class: "grid" }, svg);
     el("text", { x: left - 6, y: sy(y) + 4, "text-anchor": "end", class: "tick" }, svg, fmtY(y));
   }
@@ -31,6 +30,23 @@ function frame(svg, xs, ys, fmtX, fmtY) {
   el("line", { x1: left, x2: right, y1: bottom, y2: bottom, class: "axis" }, svg);
   el("line", { x1: left, x2: left, y1: top, y2: bottom, class: "axis" }, svg);
   return { sx, sy };
+}
+
+function niceTicks(lo, hi) {
+  // about five ticks at round values (1, 2 or 5 times a power of ten) inside [lo, hi]
+  const span = hi - lo;
+  if (!(span > 0) || !isFinite(span)) return [lo];
+  const raw = span / 5, power = 10 ** Math.floor(Math.log10(raw));
+  const step = [1, 2, 5, 10].map((m) => m * power).find((s) => s >= raw);
+  const ticks = [];
+  for (let t = Math.ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) ticks.push(Math.abs(t) < step * 1e-9 ? 0 : t);
+  return ticks;
+}
+
+function decimals(lo, hi) {
+  // enough decimals to tell round ticks apart
+  const span = hi - lo;
+  return span > 0 && isFinite(span) ? Math.max(0, Math.min(6, 1 - Math.floor(Math.log10(span / 5)))) : 2;
 }
 
 function path(points, sx, sy) {
@@ -85,7 +101,8 @@ function drawAb(snaps) {
   const values = [0];
   for (const s of snaps.slice(Math.floor(snaps.length / 2))) for (const k of keys) { const a = s.ab[k]; if (a) values.push(a.diff, a.lower ?? a.diff, a.upper ?? a.diff); }
   const times = snaps.map((s) => s.t);
-  const { sx, sy } = frame(svg, [Math.min(...times), Math.max(...times)], range(values.filter(isFinite), 0.1), clock, fixed(3));
+  const yr = range(values.filter(isFinite), 0.1);
+  const { sx, sy } = frame(svg, [Math.min(...times), Math.max(...times)], yr, clock, fixed(decimals(...yr)));
   el("line", { x1: sx(times[0]), x2: sx(times[times.length - 1]), y1: sy(0), y2: sy(0), stroke: "#888", "stroke-dasharray": "3 3" }, svg);
   const lines = [];
   keys.forEach((k, i) => {
@@ -103,14 +120,44 @@ function drawAb(snaps) {
     const p = a.p === undefined ? "" : `, sequential p ${a.p < 0.001 ? a.p.toExponential(1) : a.p.toFixed(3)}`;
     lines.push(`${k}: ${a.diff.toFixed(4)} [${lo}, ${hi}]${p} — ${verdict}`);
   });
+  text.textContent = lines.join("  ·  ");
+}
+
+function drawUsers(snaps) {
+  // exposed users per arm since each experiment's start, and the sample-ratio test
+  const svg = document.getElementById("users-chart");
+  const text = document.getElementById("users-text");
+  const keys = [...new Set(snaps.flatMap((s) => Object.entries(s.users || {}).flatMap(([e, u]) => Object.keys(u).map((v) => `${e}/${v}`))))];
+  if (!keys.length) { svg.replaceChildren(); text.textContent = "no exposures yet"; return; }
+  const get = (s, key) => { const [e, v] = key.split("/"); return ((s.users || {})[e] || {})[v]; };
+  const times = snaps.map((s) => s.t);
+  const values = snaps.flatMap((s) => keys.map((k) => get(s, k))).filter((v) => v !== undefined);
+  const yr = [0, Math.max(1, ...values) * 1.1];
+  const { sx, sy } = frame(svg, [Math.min(...times), Math.max(...times)], yr, clock, (v) => Math.round(v).toLocaleString());
+  keys.forEach((k, i) => {
+    const pts = snaps.filter((s) => get(s, k) !== undefined).map((s) => [s.t, get(s, k)]);
+    el("path", { d: path(pts, sx, sy), fill: "none", stroke: COLORS[i % COLORS.length], "stroke-width": 2, class: "series users", "data-arm": k }, svg);
+  });
   const last = snaps[snaps.length - 1];
+  const lines = [];
   for (const [exp, users] of Object.entries(last.users || {})) {
     const arms = Object.entries(users).map(([v, n]) => `${v} ${Math.round(n).toLocaleString()}`).join(" / ");
     const srm = (last.srm || {})[exp];
-    const warn = srm !== undefined && srm < 0.001 ? " ⚠ sample-ratio mismatch: the split is not as configured, do not trust the comparison" : "";
-    lines.push(`${exp} users: ${arms}${srm === undefined ? "" : `, SRM p ${srm.toFixed(4)}`}${warn}`);
+    const warn = srm !== undefined && srm < 0.001 ? " ⚠ sample-ratio mismatch: the split is not as configured; do not trust the comparison" : "";
+    lines.push(`${exp}: ${arms}${srm === undefined ? "" : ` · SRM p ${srm.toFixed(4)}`}${warn}`);
   }
   text.textContent = lines.join("  ·  ");
+  text.classList.toggle("warn", lines.some((l) => l.includes("⚠")));
+}
+
+function eventTimeNote(snaps) {
+  // the demo's simulated traffic runs event time faster than the wall clock
+  const marked = snaps.filter((s) => s.watermark !== undefined);
+  const note = document.getElementById("time-note");
+  if (marked.length < 2) { note.textContent = ""; return; }
+  const a = marked[0], b = marked[marked.length - 1];
+  const speed = (b.watermark - a.watermark) / Math.max(1e-9, b.t - a.t);
+  note.textContent = speed > 1.5 ? `event time runs ${speed.toFixed(0)}× faster than the wall clock (simulated traffic): windows and attribution are in event time` : "";
 }
 
 function drawRequests(snap, variants) {
@@ -172,6 +219,8 @@ async function refresh() {
     const variants = Object.keys(last.ndcg).sort();
     drawNdcg(snaps, variants);
     drawAb(snaps);
+    drawUsers(snaps);
+    eventTimeNote(data.snapshots);
     drawRequests(last, variants);
     drawPropensity(last);
     status.textContent = `live · updated ${clock(last.t)}`;
