@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from evaluator.aggregate import denominator_column
 from evaluator.experiments import Experiment
 from evaluator.stats import (
     RatioEstimate,
@@ -40,12 +41,6 @@ FloatArray = npt.NDArray[np.float64]
 
 ADJUSTED = {"false": "ndcg", "true": "ndcg_adjusted"}
 """The ``adjusted`` label -> the metric compared."""
-
-
-def denominator_column(zero_relevance: str) -> int:
-    """Row column that a mean divides by: 0 (requests) or 1 (engaged requests, for
-    ``zero_relevance = "skip"``). Gauges and A/B differences both use it."""
-    return 1 if zero_relevance == "skip" else 0
 
 
 def effective_buckets(counts: FloatArray) -> float:

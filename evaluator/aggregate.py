@@ -21,6 +21,20 @@ FloatArray = npt.NDArray[np.float64]
 ZeroRelevancePolicy = Literal["count", "skip"]
 
 
+def denominator_column(zero_relevance: str) -> int:
+    """What a mean divides by, as a statistics-row column: 0, every request
+    (``zero_relevance = "count"``), or 1, engaged requests only (``"skip"``). The one
+    definition behind replay's means, the exported gauges and the A/B differences."""
+    return 1 if zero_relevance == "skip" else 0
+
+
+def row_mean(rows: FloatArray, column: int, zero_relevance: str) -> float:
+    """The mean of one metric column over statistics rows (any leading shape): its sum
+    over the qualifying requests' count; NaN when there are none."""
+    denom = float(rows[..., denominator_column(zero_relevance)].sum())
+    return float(rows[..., column].sum()) / denom if denom else float("nan")
+
+
 @dataclass(slots=True)
 class Moments:
     """Counts and sums for ``groups`` rows and the metric columns of :class:`RequestScores`."""
@@ -48,7 +62,8 @@ class Moments:
 
     def means(self, policy: ZeroRelevancePolicy = "count") -> FloatArray:
         """Mean of each column per group; NaN for a group with no qualifying request."""
-        denom = (self.count if policy == "count" else self.engaged).astype(np.float64)[:, None]
+        qualifying = (self.count, self.engaged)[denominator_column(policy)]
+        denom = qualifying.astype(np.float64)[:, None]
         out = np.full(self.sums.shape, np.nan)
         np.divide(self.sums, denom, out=out, where=denom > 0)
         return out

@@ -362,3 +362,34 @@ def test_no_inference_before_min_users() -> None:
     assert "recsys_eval_ab_ndcg_diff_lower" not in found
     assert "recsys_eval_ab_p_value" not in found
     assert {s.value for s in found["recsys_eval_ab_ready"]} == {0.0}
+
+
+@pytest.mark.parametrize("policy", ["count", "skip"])
+def test_gauges_and_ab_difference_share_one_mean(policy) -> None:
+    """Under both zero-relevance policies the A/B difference is the difference of the
+    per-variant nDCG gauges (the data fits in the 24h window, so they hold the same
+    requests as the experiment)."""
+    events = randomised_by_user(generate(45, requests=400))
+    overrides = {**AB_SETTINGS, "metrics": {"zero_relevance": policy}}
+    _, _, collector = live_run(events, load_settings(environ={}, overrides=overrides))
+    registry = CollectorRegistry()
+    registry.register(collector)
+    found = samples(registry)
+    for variant in ("B", "C"):
+        for adjusted in ("false", "true"):
+            gauge = {
+                v: pick(
+                    found,
+                    "recsys_eval_ndcg",
+                    variant=v,
+                    k="10",
+                    window="24h",
+                    adjusted=adjusted,
+                    cohort="all",
+                )
+                for v in ("A", variant)
+            }
+            diff = pick(
+                found, "recsys_eval_ab_ndcg_diff", variant=variant, k="10", adjusted=adjusted
+            )
+            assert diff == pytest.approx(gauge[variant] - gauge["A"], abs=1e-12)

@@ -22,9 +22,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from evaluator.ab import ExperimentReadout, ReadoutRules, denominator_column, read_experiment
+from evaluator.ab import ExperimentReadout, ReadoutRules, read_experiment
+from evaluator.aggregate import row_mean
 from evaluator.config import Settings
 from evaluator.exporters.families import Families, new_families
+from evaluator.metrics.composite import composite_score
 from evaluator.propensity_estimation import estimate_all
 from evaluator.stats import SequentialTracker
 from evaluator.stores.base import FloatArray, StateStore
@@ -68,7 +70,6 @@ class WindowCollector(Collector):
         self.n_values = len(columns)
         ab = settings.ab
         self.experiments = ab.experiment_list()
-        self.denominator = denominator_column(settings.metrics.zero_relevance)
         self.rules = ReadoutRules(
             self.layout.ks,
             self.col,
@@ -231,8 +232,7 @@ class WindowCollector(Collector):
         return float(block[..., total].sum()) / n if n else math.nan
 
     def _mean(self, block: FloatArray, metric: str, k: int) -> float:
-        denom = float(block[..., self.denominator].sum())
-        return float(block[..., self.col[(metric, k)]].sum()) / denom if denom else math.nan
+        return row_mean(block, self.col[(metric, k)], self.settings.metrics.zero_relevance)
 
     def _variant(
         self,
@@ -243,7 +243,6 @@ class WindowCollector(Collector):
         coverage: dict[tuple[str, int], float],
     ) -> None:
         block = block.sum(axis=1)  # (cohort, row): user buckets only matter for A/B tests
-        composite = 0.0
         for cohort, index in COHORTS.items():
             part = block.sum(axis=0) if index is None else block[index]
             base = {"variant": variant, "window": window, "cohort": cohort}
@@ -281,17 +280,21 @@ class WindowCollector(Collector):
                 {"variant": variant, "k": str(k), "window": window},
                 self._diversity(block, k),
             )
-        for name, weight in self.settings.metrics.composite.items():
+        terms: dict[str, float] = {}
+        for name in self.settings.metrics.composite:
             metric, _, cut = name.partition("@")
             if metric == "coverage" and cut:
-                composite += weight * coverage.get((variant, int(cut)), math.nan)
+                terms[name] = coverage.get((variant, int(cut)), math.nan)
             elif metric == "diversity" and cut and int(cut) in self.layout.ks:
-                composite += weight * self._diversity(block, int(cut))
+                terms[name] = self._diversity(block, int(cut))
             elif cut and (metric, int(cut)) in self.col:
-                composite += weight * self._mean(block, metric, int(cut))
-            else:  # a term the live export does not have: no composite
-                composite = math.nan
-        fam.add("recsys_eval_composite_score", {"variant": variant, "window": window}, composite)
+                terms[name] = self._mean(block, metric, int(cut))
+            # else: a term the live export does not have, so the score is NaN
+        fam.add(
+            "recsys_eval_composite_score",
+            {"variant": variant, "window": window},
+            composite_score(terms, self.settings.metrics.composite),
+        )
 
     def _experiments(self, fam: Families) -> None:
         """Each experiment's A/B readout from its cumulative statistics."""
