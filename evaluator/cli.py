@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from evaluator import __version__
 from evaluator.config import ConfigError, Settings, load_settings, masked
@@ -16,6 +17,47 @@ from evaluator.logs import setup_logging
 
 class UsageError(Exception):
     """A usage problem reported in one line with exit code 2."""
+
+
+EXIT_ERROR = 2
+"""Usage, configuration or environment errors (one line on stderr)."""
+EXIT_BUG = 1
+"""An unexpected internal error (a bug: one line; EVALUATOR_TRACEBACK=1 shows it all)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """Argument errors in one line (exit 2), pointing at ``--help``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _positive(**values: float | None) -> None:
+    """Flags that must be positive when given (one line, exit 2)."""
+    for name, value in values.items():
+        if value is not None and not value > 0:
+            raise UsageError(f"--{name} must be positive, got {value}")
+
+
+def _port_free(host: str, port: int) -> None:
+    """Refuse a taken or forbidden HTTP port before anything claims to be serving."""
+    if not port:
+        return
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise UsageError(f"http.host {host!r} does not resolve: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise UsageError(
+                f"cannot serve on {host}:{port} (http.port, --port): {exc.strerror}"
+            ) from None
 
 
 def _replay_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -44,14 +86,56 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
     settings = load_settings(args.config, overrides=_replay_overrides(args))
     for path in (args.impressions, args.interactions):
-        if not path.is_file():
-            raise UsageError(f"no such file: {path}")
+        _readable(path)
+    _refuse_swapped(args.impressions, args.interactions, settings)
     progress = False if args.no_progress else None
     report = evaluate_files(
         args.impressions, args.interactions, settings, progress, args.estimate_propensity
     )
     print_report(report, args.output)
-    return 0
+    for damage in report["events"]["incomplete"]:
+        print(f"evaluator: error: {damage}", file=sys.stderr)
+    return EXIT_INCOMPLETE if report["events"]["incomplete"] else 0
+
+
+EXIT_INCOMPLETE = 3
+"""``replay``'s exit code when an input file was damaged: the report covers the lines
+before the damage."""
+
+
+def _readable(path: Path) -> None:
+    """One clear line (exit 2) for an event file that cannot be read."""
+    if path.is_dir():
+        raise UsageError(f"{path} is a directory; give a JSON Lines file (optionally .gz)")
+    if not path.exists():
+        raise UsageError(f"no such file: {path}")
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def _refuse_swapped(impressions: Path, interactions: Path, settings: Settings) -> None:
+    """Files given in the wrong order are a usage error, not a report of invalid lines:
+    the first lines of the impressions file decode as interactions and none as
+    impressions."""
+    from evaluator.events import decode_impressions, decode_interactions
+    from evaluator.sources.files import read_jsonl
+
+    try:
+        sample = next(read_jsonl(impressions, chunk_lines=20), None)
+    except ValueError:  # damaged from the first byte: reported by the replay itself
+        return
+    if sample is None:
+        return
+    as_impressions, _ = decode_impressions(sample.payloads, settings.events.max_list_length)
+    as_interactions, _ = decode_interactions(sample.payloads, settings.relevance.active())
+    if not as_impressions.events and len(as_interactions.events) * 2 >= len(sample.payloads):
+        raise UsageError(
+            f"{impressions} holds interactions, not impressions: are the files swapped? "
+            "(usage: evaluator replay IMPRESSIONS INTERACTIONS)"
+        )
 
 
 def _service_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -90,6 +174,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     setup_logging()
     settings = load_settings(args.config, overrides=_service_overrides(args))
+    _port_free(settings.http.host, settings.http.port)
     stop = threading.Event()
     install_signal_handlers(stop)
     return run(settings, stop)
@@ -121,6 +206,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if args.out_dir is None and not args.kafka:
         raise UsageError("name a destination: --out-dir DIR or --kafka")
+    _positive(requests=args.requests, rate=args.rate if args.rate else None)
     stop = threading.Event()
     install_signal_handlers(stop)
     if args.kafka:
@@ -144,7 +230,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_simulate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_simulate(sub: argparse._SubParsersAction[_Parser]) -> None:
     p = sub.add_parser(
         "simulate",
         parents=[_config_option()],
@@ -182,8 +268,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from evaluator.config import load_tree
     from evaluator.stores.base import StateStore
 
+    _positive(requests=args.requests, rate=args.rate, speed=args.speed)
     overrides = _service_overrides(args)
     settings = load_settings(None, overrides=demo_tree(load_tree(args.config, overrides=overrides)))
+    _port_free(settings.http.host, settings.http.port)
     setup_logging()
     stop = threading.Event()
     install_signal_handlers(stop)
@@ -193,7 +281,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     if not args.kafka:
-        store: StateStore | None = build_store(settings, DEMO_PARTITIONS) if args.redis else None
+        store: StateStore | None = None
+        if args.redis:
+            store = _wait_for_redis(settings, DEMO_PARTITIONS, stop)
+            if store is None:
+                return 0
         simulator = run_demo(
             settings,
             seed=args.seed,
@@ -228,7 +320,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
         def make_store(partitions: int) -> StateStore:
             if args.redis:
-                return build_store(settings, partitions)
+                return build_store(settings, partitions)  # run() retries while unreachable
             return build_memory_store(settings, partitions)
 
         run(settings, stop, make_store, truth=lambda: holder[0].truth.as_dict() if holder else {})
@@ -238,7 +330,22 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _wait_for_redis(settings: Settings, partitions: int, stop: Any) -> Any:
+    """The Redis store, retried with backoff while unreachable (health served meanwhile);
+    None when stopped first."""
+    from evaluator.commands.run import Health, build_store, serve_health, wait_for
+
+    health = Health(None)
+    early = serve_health(settings, health)
+    try:
+        return wait_for("Redis", lambda: build_store(settings, partitions), stop, health)
+    finally:
+        if early is not None:
+            early.shutdown()
+            early.server_close()
+
+
+def _add_demo(sub: argparse._SubParsersAction[_Parser]) -> None:
     p = sub.add_parser(
         "demo",
         parents=[_config_option()],
@@ -276,14 +383,14 @@ def _cmd_config_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _config_option() -> argparse.ArgumentParser:
+def _config_option() -> _Parser:
     """``--config`` accepted after the subcommand too (it must not reset the top-level one)."""
-    parent = argparse.ArgumentParser(add_help=False)
+    parent = _Parser(add_help=False)
     parent.add_argument("--config", type=Path, default=argparse.SUPPRESS, help="evaluator.toml")
     return parent
 
 
-def _add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_replay(sub: argparse._SubParsersAction[_Parser]) -> None:
     p = sub.add_parser(
         "replay",
         parents=[_config_option()],
@@ -316,12 +423,14 @@ def _add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="evaluator", description="Streaming online evaluator for recommender systems."
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--config", type=Path, help="evaluator.toml (default: built-in defaults)")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
     _add_replay(sub)
     _add_simulate(sub)
     _add_demo(sub)
@@ -336,7 +445,9 @@ def build_parser() -> argparse.ArgumentParser:
     schema.add_argument("--out-dir", type=Path, help="write <name>.schema.json files here")
     schema.set_defaults(func=_cmd_schema)
     config = sub.add_parser("config", help="configuration tools")
-    config_sub = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    config_sub = config.add_subparsers(
+        dest="config_command", required=True, metavar="ACTION", parser_class=_Parser
+    )
     check = config_sub.add_parser(
         "check", parents=[_config_option()], help="validate and print the effective configuration"
     )
@@ -351,9 +462,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.func(args)
     except (ConfigError, UsageError) as exc:
         print(f"evaluator: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:
+        return 130
+    except OSError as exc:  # files and sockets: the environment, not a bug
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"evaluator: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as exc:  # a bug: one line, the traceback on request
+        if os.environ.get("EVALUATOR_TRACEBACK"):
+            raise
+        print(
+            f"evaluator: internal error: {type(exc).__name__}: {exc} "
+            "(EVALUATOR_TRACEBACK=1 shows the traceback; please report it)",
+            file=sys.stderr,
+        )
+        return EXIT_BUG
     return code
 
 

@@ -146,8 +146,18 @@ def load_tree(
                 tree = tomllib.load(handle)
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
+        except IsADirectoryError:
+            raise ConfigError(f"config file {path} is a directory, not a TOML file") from None
+        except PermissionError:
+            raise ConfigError(f"config file {path} is not readable (permission denied)") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"config file {path} is not UTF-8 text (byte {exc.start}): TOML must be UTF-8"
+            ) from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        except OSError as exc:
+            raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
     tree = merge(tree, env_overrides(os.environ if environ is None else environ))
     if overrides:
         tree = merge(tree, overrides)

@@ -22,8 +22,15 @@ import numpy.typing as npt
 from evaluator.relevance import RelevanceProfile
 from evaluator.timeutil import datetime_to_ms
 
-Timestamp = int | Annotated[datetime, msgspec.Meta(tz=True)]
-"""Epoch milliseconds, or an RFC 3339 string with a timezone."""
+MAX_TIMESTAMP_MS = 253_402_300_799_999
+"""9999-12-31T23:59:59.999Z: event times lie in [1970, 9999] (as epoch ms they fit int64
+with a wide margin, so no arithmetic on them can overflow)."""
+
+Timestamp = (
+    Annotated[int, msgspec.Meta(ge=0, le=MAX_TIMESTAMP_MS)]
+    | Annotated[datetime, msgspec.Meta(tz=True)]
+)
+"""Epoch milliseconds, or an RFC 3339 string with a timezone, from 1970 to 9999."""
 
 NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]
 
@@ -199,6 +206,8 @@ def check_impression(
     """Semantic checks that the schema cannot express; ``None`` when valid.
 
     ``reserved=False`` skips the reserved-character check (see :func:`may_hold_reserved`)."""
+    if isinstance(event.timestamp, datetime) and to_ms(event.timestamp) < 0:
+        return InvalidReason.INVALID_FIELD, "timestamp is before 1970"
     items = event.items
     if not items:
         return InvalidReason.EMPTY_LIST, "items is empty"
@@ -237,6 +246,8 @@ def check_interaction(
     :func:`check_impression`)."""
     if reserved and _reserved(event.event_id, event.user_id, event.item_id):
         return InvalidReason.INVALID_FIELD, "a string holds U+001E or U+001F (reserved)"
+    if isinstance(event.timestamp, datetime) and to_ms(event.timestamp) < 0:
+        return InvalidReason.INVALID_FIELD, "timestamp is before 1970"
     if event.watch_time is not None and event.watch_time < 0:
         return InvalidReason.NEGATIVE_WATCH_TIME, f"watch_time {event.watch_time} < 0"
     if not profile.accepts(event.type):
@@ -269,6 +280,11 @@ def _decode_valid(
             event = decode(payload)
         except msgspec.DecodeError as exc:
             invalid.append(_decode_error(base_index + offset, exc))
+            continue
+        except RecursionError:  # msgspec's own limit on nesting, not a decode error
+            invalid.append(
+                InvalidEvent(base_index + offset, InvalidReason.UNDECODABLE, "nested too deeply")
+            )
             continue
         problem = check(event)
         if problem is None:

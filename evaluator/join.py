@@ -111,7 +111,10 @@ def join_by_request_batch(
         count=len(item_ids),
     )
     row_arr = np.asarray(rows, dtype=np.int64)
-    shown = np.where(row_arr >= 0, impression_ms[np.maximum(row_arr, 0)], 0)
+    if len(impression_ms):
+        shown = np.where(row_arr >= 0, impression_ms[np.maximum(row_arr, 0)], 0)
+    else:  # no impression at all: every interaction names an unknown request
+        shown = np.zeros(len(row_arr), dtype=np.int64)
     codes = np.zeros(len(item_ids), dtype=np.int8)
     codes[~in_window_mask(interaction_ms, shown, rules)] = 3
     codes[positions == -1] = 2

@@ -123,7 +123,7 @@ def _pack(theta: FloatArray, pi: FloatArray) -> FloatArray:
 
 
 def _unpack(x: FloatArray, k: int, groups: int) -> tuple[FloatArray, FloatArray]:
-    theta = np.minimum(np.exp(x[:k]), CAP)
+    theta = np.exp(np.minimum(x[:k], np.log(CAP)))  # an extrapolation may overshoot
     theta[0] = 1.0
     logs = x[k:].reshape(groups, GRID.size)
     pi = np.exp(logs - logs.max(axis=1, keepdims=True))

@@ -162,7 +162,8 @@ def _join_loose(
         UserImpressions(imp_user[order], imp_ms[order], [events[r].items for r in order.tolist()]),
         rules=rules,
     )
-    return codes, order[np.maximum(chosen, 0)], positions
+    rows = order[np.maximum(chosen, 0)] if order.size else np.full(len(picked), -1, np.int64)
+    return codes, rows, positions
 
 
 def _first_seen_codes(values: list[str], index: dict[str, int]) -> I64:

@@ -23,6 +23,7 @@ from evaluator.metrics.setlevel import (
 )
 from evaluator.replay import ScoredRequests, VariantCodes, moments_by_variant_cohort
 from evaluator.scoring import METRICS, RequestScores
+from evaluator.sources.files import Damage
 
 COHORT_NAMES = {1: "cold_start", 2: "established"}
 
@@ -35,6 +36,8 @@ class EventCounts:
     interactions: int = 0
     invalid_by_reason: Counter[str] = field(default_factory=Counter)
     invalid_samples: list[dict[str, Any]] = field(default_factory=list)
+    damaged: list[Damage] = field(default_factory=list)
+    """Compressed inputs that stopped being readable (their lines before were read)."""
 
 
 def _finite(value: float) -> float | None:
@@ -137,6 +140,7 @@ def build_report(
             "unmatched_by_reason": dict(sorted(unmatched.items())),
             "duplicates": duplicates,
             "late": 0,
+            "incomplete": [d.describe() for d in counts.damaged],
         },
         "invalid_lines": counts.invalid_samples,
         "settings": {

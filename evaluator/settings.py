@@ -39,12 +39,19 @@ def _duration(key: str, value: str | int) -> int:
         raise ValueError(f"{key}: {exc}") from None
 
 
+MAX_K = 10_000
+"""The largest cutoff (lists are at most ``events.max_list_length`` long, which defaults to
+1,000). Memory and time are linear in min(K, the longest list), never in K alone."""
+MAX_CUTOFFS = 16
+"""Cutoffs in ``metrics.k``: each adds columns to every aggregate row and Prometheus series."""
+
+
 class EventsSettings(msgspec.Struct, forbid_unknown_fields=True):
     max_list_length: int = 1000
 
     def __post_init__(self) -> None:
-        if self.max_list_length < 1:
-            raise ValueError("max_list_length must be >= 1")
+        if not 1 <= self.max_list_length <= MAX_K:
+            raise ValueError(f"max_list_length must be in 1..{MAX_K}")
 
 
 class JoinSettings(msgspec.Struct, forbid_unknown_fields=True):
@@ -105,6 +112,11 @@ class MetricsSettings(msgspec.Struct, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         if not self.k or any(k < 1 for k in self.k):
             raise ValueError(f"k must be a non-empty list of positive integers, got {self.k}")
+        if max(self.k) > MAX_K or len(set(self.k)) > MAX_CUTOFFS:
+            raise ValueError(
+                f"k allows at most {MAX_CUTOFFS} cutoffs of at most {MAX_K} "
+                f"(the longest list events.max_list_length may allow), got {self.k}"
+            )
         self.k = sorted(set(self.k))
         if self.catalog_size < 0:
             raise ValueError("catalog_size must be >= 0")

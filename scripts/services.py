@@ -311,6 +311,7 @@ def launch_kafka(data: Path) -> subprocess.Popen[bytes]:
 def start() -> None:
     env = read_env()
     if env and running(env):
+        print("services: already running", file=sys.stderr)
         print_env(env)
         return
     stop(quiet=True)
@@ -330,6 +331,7 @@ def start() -> None:
         "SERVICES_DIR": str(run_dir),
     }
     ENV_FILE.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+    print(f"services: started Kafka, Redis and a Redis Cluster in {run_dir}", file=sys.stderr)
     print_env(env)
 
 

@@ -14,11 +14,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _services_env() -> dict[str, str]:
-    """Settings of running services: from the environment, else `scripts/services.py start`."""
+def _services_env() -> tuple[dict[str, str], bool]:
+    """Settings of running services: from the environment, else `scripts/services.py
+    start`; and whether this call started them (then the session stops them)."""
     given = ("KAFKA_BOOTSTRAP_SERVERS", "REDIS_URL", "REDIS_CLUSTER_URL")
     if os.environ.get("KAFKA_BOOTSTRAP_SERVERS") and os.environ.get("REDIS_URL"):
-        return {k: os.environ[k] for k in given if os.environ.get(k)}
+        return {k: os.environ[k] for k in given if os.environ.get(k)}, False
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "services.py"), "start"],
         capture_output=True,
@@ -31,12 +32,25 @@ def _services_env() -> dict[str, str]:
     for line in proc.stdout.splitlines():
         key, _, value = line.removeprefix("export ").partition("=")
         env[key] = value
-    return env
+    return env, "services: started" in proc.stderr
 
 
 @pytest.fixture(scope="session")
-def services() -> dict[str, str]:
-    return _services_env()
+def services() -> Iterator[dict[str, str]]:
+    """The services for the session. Those this session started are stopped at its end
+    (ones already running, or given by the environment, are left alone)."""
+    env, started = _services_env()
+    yield env
+    if started and not os.environ.get("KEEP_SERVICES"):
+        subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "services.py"), "stop"],
+            capture_output=True,
+            check=False,
+        )
+        sys.__stderr__.write(
+            "\nservices: stopped the Kafka broker and Redis servers this test run started "
+            "(KEEP_SERVICES=1 keeps them; `make services` starts them for reuse)\n"
+        )
 
 
 @pytest.fixture(scope="session")

@@ -28,9 +28,13 @@ def test_compose_services_files_and_ports_agree() -> None:
     compose = load(ROOT / "docker-compose.yml")
     services = compose["services"]
     assert set(services) >= {"kafka", "redis", "evaluator", "prometheus", "grafana"}
+    named = set(compose["volumes"])
     for service in services.values():
         for volume in service.get("volumes", []):
             source = volume.split(":", 1)[0]
+            if source in named:
+                continue
+            assert source.startswith("./"), f"{source}: an anonymous volume (name it)"
             assert (ROOT / source).exists(), f"{source} is mounted but missing"
     assert services["evaluator"]["build"] == "." and (ROOT / "Dockerfile").exists()
     env = services["evaluator"]["environment"]
@@ -50,6 +54,39 @@ def test_compose_services_files_and_ports_agree() -> None:
     assert "9090:9090" in services["prometheus"]["ports"]
 
 
+def test_compose_services_wait_for_healthy_dependencies() -> None:
+    """Healthchecks everywhere, depends_on waits for health (or for the topic set-up to
+    finish), images pinned, data in named volumes, and simulated traffic behind the
+    ``demo`` profile so ``docker compose --profile demo up`` shows live numbers."""
+    compose = load(ROOT / "docker-compose.yml")
+    services = compose["services"]
+    for name in ("kafka", "redis", "evaluator", "prometheus", "grafana"):
+        assert services[name]["healthcheck"]["test"], name
+    for name, service in services.items():
+        image = service.get("image")
+        if image:
+            tag = image.rsplit(":", 1)[-1] if ":" in image else ""
+            assert re.fullmatch(r"v?\d+(\.\d+){1,2}", tag), f"{name}: {image} is not pinned"
+        for dependency, condition in (service.get("depends_on") or {}).items():
+            assert condition["condition"] in {
+                "service_healthy",
+                "service_completed_successfully",
+            }, (name, dependency)
+            if condition["condition"] == "service_healthy":
+                assert "healthcheck" in services[dependency], dependency
+    mounts = {v.split(":", 1)[0] for s in services.values() for v in s.get("volumes", [])}
+    assert (
+        {"kafka-data", "redis-data"}
+        <= mounts
+        <= set(compose["volumes"]) | {m for m in mounts if m.startswith("./")}
+    )
+    traffic = services["traffic"]
+    assert traffic["profiles"] == ["demo"]
+    assert traffic["command"][:2] == ["simulate", "--kafka"]
+    topics = " ".join(services["kafka-topics"]["command"])
+    assert "impressions interactions" in topics and "--partitions 4" in topics
+
+
 def test_kubernetes_manifests() -> None:
     docs = {p.name: load(p) for p in (DEPLOY / "kubernetes").glob("*.yaml")}
     deployment = docs["deployment.yaml"]
@@ -67,6 +104,26 @@ def test_kubernetes_manifests() -> None:
     assert rule["spec"] == load(DEPLOY / "prometheus" / "rules.yml")
     listed = set(docs["kustomization.yaml"]["resources"])
     assert listed == set(docs) - {"kustomization.yaml"}
+    pod = deployment["spec"]["template"]["spec"]
+    # a numeric user (the image's USER 10001:10001), so the kubelet can check non-root
+    for context in (pod["securityContext"], container["securityContext"]):
+        assert context["runAsNonRoot"] is True
+        assert isinstance(context["runAsUser"], int) and context["runAsUser"] > 0
+        assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["securityContext"]["runAsGroup"] == container["securityContext"]["runAsGroup"]
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    user = re.search(r"^USER (\d+):(\d+)$", dockerfile, re.MULTILINE)
+    assert user and int(user.group(1)) == container["securityContext"]["runAsUser"]
+    anti = pod["affinity"]["podAntiAffinity"]
+    terms = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert terms[0]["podAffinityTerm"]["labelSelector"]["matchLabels"] == selector
+    budget = docs["pdb.yaml"]
+    assert budget["kind"] == "PodDisruptionBudget"
+    assert budget["spec"]["selector"]["matchLabels"] == selector
+    assert budget["spec"]["maxUnavailable"] < deployment["spec"]["replicas"]
     config = docs["configmap.yaml"]["data"]["evaluator.toml"]
     import tomllib
 
@@ -79,7 +136,9 @@ def test_every_alert_has_a_runbook_that_exists() -> None:
     runbooks = (ROOT / "docs" / "runbooks.md").read_text().lower()
     for group in load(DEPLOY / "prometheus" / "rules.yml")["groups"]:
         for rule in group["rules"]:
-            anchor = rule["annotations"]["runbook"].split("#", 1)[1]
+            url = rule["annotations"]["runbook_url"]
+            assert url.startswith("https://"), url  # absolute, as Alertmanager needs
+            anchor = url.split("#", 1)[1]
             assert f"## {anchor}" in runbooks.replace("## `", "## ").replace("`", ""), anchor
 
 

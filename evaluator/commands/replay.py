@@ -66,7 +66,7 @@ def _load_interactions(
     counts = EventCounts()
     columns = InteractionColumns()
     profile = settings.relevance.active()
-    for chunk in read_jsonl(path, on_bytes=update):
+    for chunk in read_jsonl(path, on_bytes=update, damaged=counts.damaged):
         batch, invalid = decode_interactions(chunk.payloads, profile)
         counts.interactions += len(batch.events)
         _note_invalid(counts, path, invalid, chunk.line_numbers)
@@ -97,7 +97,7 @@ def load_events(
         leave=False,
     ) as bar:
         update: Callable[[int], object] = bar.update
-        for chunk in read_jsonl(impressions, on_bytes=update):
+        for chunk in read_jsonl(impressions, on_bytes=update, damaged=counts.damaged):
             batch, invalid = decode_impressions(chunk.payloads, max_len)
             counts.impressions += len(batch.events)
             _note_invalid(counts, impressions, invalid, chunk.line_numbers)
@@ -109,6 +109,7 @@ def load_events(
         else:
             ints, theirs = _load_interactions(interactions, settings, update)
     counts.interactions = theirs.interactions
+    counts.damaged += theirs.damaged
     counts.invalid_by_reason.update(theirs.invalid_by_reason)
     counts.invalid_samples = (counts.invalid_samples + theirs.invalid_samples)[:MAX_INVALID_SAMPLES]
     return imps, ints, counts

@@ -7,12 +7,16 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from http.server import ThreadingHTTPServer
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
+
+from prometheus_client import CollectorRegistry
 
 from evaluator.batches import Rejected
 from evaluator.commands.serving import serve_metrics
-from evaluator.config import Settings
+from evaluator.config import ConfigError, Settings
+from evaluator.exporters.http import serve
 from evaluator.sources.kafka import KafkaSource
 from evaluator.stores.base import StateStore
 from evaluator.stores.redis import RedisStore, connect
@@ -50,13 +54,16 @@ def build_store(settings: Settings, partitions: int | None = None) -> RedisStore
     return store
 
 
-class _Health:
+class Health:
     """Liveness and readiness as seen from the HTTP thread (no Kafka calls there)."""
 
     def __init__(self, store: StateStore | None, stall_after_s: float = 120.0) -> None:
         self.store = store
         self.stall_after_s = stall_after_s
         self.beat = time.monotonic()
+        self.waiting = ""
+        """What start-up is waiting for (a service that does not answer yet); empty once
+        connected."""
         self.assigned: list[str] = []
         self.lag: dict[str, int] = {}
         self.kafka_error = ""
@@ -66,6 +73,8 @@ class _Health:
         return time.monotonic() - self.beat < self.stall_after_s
 
     def ready(self) -> tuple[bool, str]:
+        if self.waiting:
+            return False, self.waiting
         try:
             ping = getattr(self.store, "ping", None)
             if ping is not None:
@@ -92,7 +101,7 @@ def run(
     embedded store and the simulator's ground truth for the dashboard."""
     stop = stop or threading.Event()
     holder: list[Tasks] = []
-    health = _Health(None)
+    health = Health(None)
 
     def on_assign(names: list[str]) -> None:
         health.assigned = names
@@ -103,15 +112,33 @@ def run(
     def on_revoke(numbers: list[int]) -> None:
         holder[0].revoke(numbers)
 
-    source = KafkaSource(
-        settings.kafka,
-        parse_duration_ms(settings.kafka.poll_timeout),
-        on_assign,
-        on_claim,
-        on_revoke,
-    )
-    partitions = source.partition_count()
-    store = (make_store or (lambda n: build_store(settings, n)))(partitions)
+    early = serve_health(settings, health)
+    try:
+        source = wait_for(
+            "Kafka",
+            lambda: KafkaSource(
+                settings.kafka,
+                parse_duration_ms(settings.kafka.poll_timeout),
+                on_assign,
+                on_claim,
+                on_revoke,
+            ),
+            stop,
+            health,
+        )
+        if source is None:
+            return 0
+        partitions = source.partition_count()
+        build = make_store or (lambda n: build_store(settings, n))
+        store = wait_for("Redis", lambda: build(partitions), stop, health)
+        if store is None:
+            source.close()
+            return 0
+    finally:
+        if early is not None:  # the full server takes the port over
+            early.shutdown()
+            early.server_close()
+    health.waiting = ""
     tasks = Tasks(store, settings, partitions)
     holder.append(tasks)
     health.store = store
@@ -142,7 +169,47 @@ def run(
     return 0
 
 
-def _loop(source: KafkaSource, tasks: Tasks, health: _Health, stop: threading.Event) -> None:
+T = TypeVar("T")
+
+
+def wait_for(
+    what: str, attempt: Callable[[], T], stop: threading.Event, health: Health
+) -> T | None:
+    """``attempt()`` until it works, one log line per failure and an exponential backoff;
+    None when stopped meanwhile. A configuration error (unknown host, refused
+    credentials) is raised at once: retrying cannot fix it."""
+    delay = 1.0
+    health.waiting = f"connecting to {what}"
+    while True:
+        health.beat = time.monotonic()
+        try:
+            return attempt()
+        except ConfigError:
+            raise
+        except Exception as exc:  # unreachable: not ready, and try again
+            reason = " ".join((str(exc) or type(exc).__name__).split())[:300]
+            health.waiting = f"waiting for {what}: {reason}"
+            log.error("%s unreachable, retrying in %.0fs: %s", what, delay, reason)
+        if stop.wait(delay):
+            return None
+        delay = min(delay * 2, MAX_BACKOFF_S)
+
+
+def serve_health(settings: Settings, health: Health) -> ThreadingHTTPServer | None:
+    """/healthz (alive) and /readyz (not ready, with what start-up waits for) while the
+    services are not reachable yet."""
+    if not settings.http.port:
+        return None
+    return serve(
+        CollectorRegistry(),
+        settings.http.host,
+        settings.http.port,
+        alive=health.alive,
+        ready=health.ready,
+    )
+
+
+def _loop(source: KafkaSource, tasks: Tasks, health: Health, stop: threading.Event) -> None:
     """Poll, apply and checkpoint until stopped; a failed batch reloads the owned
     partitions from their checkpoints and consumes again from there."""
     next_lag = 0.0

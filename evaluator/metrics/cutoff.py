@@ -34,13 +34,16 @@ def cutoff_scores(grades: FloatArray, ks: Sequence[int]) -> CutoffScores:
     relevant = np.asarray(grades) > 0
     rows, width = relevant.shape
     max_k = max(ks)
-    top = np.zeros((rows, max_k), dtype=bool)
+    # nothing lies beyond the lists' width: memory is linear in min(K, width), not K
     take = min(max_k, width)
-    top[:, :take] = relevant[:, :take]
+    top = relevant[:, :take]
 
     karr = np.asarray(ks)
-    hits = np.cumsum(top, axis=1, dtype=np.int64)[:, karr - 1]
-    first = np.where(top.any(axis=1), top.argmax(axis=1), max_k)
+    if take:
+        hits = np.cumsum(top, axis=1, dtype=np.int64)[:, np.minimum(karr, take) - 1]
+    else:
+        hits = np.zeros((rows, karr.size), dtype=np.int64)
+    first = np.where(top.any(axis=1), top.argmax(axis=1), max_k) if take else np.full(rows, max_k)
     mrr = np.where(first[:, None] < karr[None, :], 1.0 / (first[:, None] + 1.0), 0.0)
     total = relevant.sum(axis=1, dtype=np.int64)[:, None]
     recall = np.zeros(hits.shape, dtype=np.float64)

@@ -70,26 +70,33 @@ def intra_list_diversity(codes: npt.NDArray[np.int64]) -> FloatArray:
     attribute value (e.g. its category), ``-1`` for missing or padding. Lists
     with fewer than two coded items get NaN.
     """
-    codes = np.asarray(codes)
+    codes = np.sort(np.asarray(codes), axis=1)  # equal values side by side, -1 first
     valid = codes >= 0
     n_valid = valid.sum(axis=1)
     pairs = n_valid * (n_valid - 1) / 2.0
-    same = (codes[:, :, None] == codes[:, None, :]) & valid[:, :, None] & valid[:, None, :]
-    same_pairs = (same.sum(axis=(1, 2)) - n_valid) / 2.0
+    # pairs with the same value: each item pairs with the earlier items of its run
+    # (linear in K, where comparing every pair would be quadratic)
+    position = np.broadcast_to(np.arange(codes.shape[1]), codes.shape)
+    starts = np.ones(codes.shape, dtype=bool)
+    starts[:, 1:] = codes[:, 1:] != codes[:, :-1]
+    run_start = np.maximum.accumulate(np.where(starts, position, 0), axis=1)
+    same_pairs = np.where(valid, position - run_start, 0).sum(axis=1).astype(np.float64)
     out = np.full(codes.shape[0], np.nan)
     np.divide(pairs - same_pairs, pairs, out=out, where=pairs > 0)
     return out
 
 
 def encode_top(values: Sequence[Sequence[str]], k: int) -> npt.NDArray[np.int64]:
-    """Integer codes of the first ``k`` values of each list, shape ``(lists, k)``, ``-1`` padded.
+    """Integer codes of the first ``k`` values of each list, shape ``(lists, min(k, longest
+    list))``, ``-1`` padded.
 
     Equal strings get equal codes within one call. Used for item ids (coverage)
     and for attribute values (diversity).
     """
     tops = [v[:k] for v in values]
     lengths = np.fromiter(map(len, tops), dtype=np.int64, count=len(tops))
-    codes = np.full((len(tops), k), -1, dtype=np.int64)
+    # no column beyond the longest list: memory is linear in min(k, longest), not k
+    codes = np.full((len(tops), int(lengths.max(initial=0))), -1, dtype=np.int64)
     vocabulary: dict[str, int] = {}
     intern = vocabulary.setdefault
     flat = np.fromiter(

@@ -8,6 +8,7 @@ has made a polled batch durable, so a crash re-delivers, never loses.
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -36,6 +37,21 @@ def _security(settings: KafkaSettings) -> dict[str, Any]:
     if settings.ssl_cafile:
         options["ssl_cafile"] = settings.ssl_cafile
     return options
+
+
+def _resolvable(bootstrap_servers: str) -> None:
+    """A bootstrap host that does not exist is a configuration error (one line, exit 2),
+    not an outage to wait for."""
+    for server in bootstrap_servers.split(","):
+        host, _, port = server.strip().rpartition(":")
+        host = host.strip("[]") or server.strip()
+        try:
+            socket.getaddrinfo(host, int(port) if port.isdigit() else 9092)
+        except socket.gaierror as exc:
+            if exc.errno == socket.EAI_NONAME:
+                raise ConfigError(
+                    f"kafka.bootstrap_servers: host {host!r} does not resolve"
+                ) from None
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -82,6 +98,7 @@ class KafkaSource:
         }
         if settings.partitioner != "trust":
             self.kinds[settings.repartition()] = "repartition"
+        _resolvable(settings.bootstrap_servers)
         self.consumer = KafkaConsumer(
             bootstrap_servers=settings.bootstrap_servers.split(","),
             group_id=settings.group_id,

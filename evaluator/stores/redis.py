@@ -17,12 +17,15 @@ are written by :mod:`evaluator.stores.redis_sketches` before each checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import socket
 import struct
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from importlib import resources
 from typing import Any, cast
+from urllib.parse import urlparse
 
 import msgspec
 import numpy as np
@@ -77,6 +80,38 @@ Client = redis.Redis | RedisCluster
 """A standalone Redis client, or a Redis Cluster client (same commands and key layout)."""
 
 
+ACCESS_REFUSED = ("NOAUTH", "WRONGPASS", "NOPERM", "HELLO must be called", "invalid username")
+"""Replies meaning the credentials or permissions are wrong (not an outage)."""
+
+
+@contextlib.contextmanager
+def _access_errors() -> Iterator[None]:
+    """Refused credentials or permissions are a configuration error (one line, exit 2),
+    not an outage to wait for."""
+    try:
+        yield
+    except (redis.AuthenticationError, redis.ResponseError) as exc:
+        if isinstance(exc, redis.AuthenticationError) or any(
+            code in str(exc) for code in ACCESS_REFUSED
+        ):
+            raise ConfigError(
+                f"Redis refused access (redis.username, redis.password): {exc}"
+            ) from None
+        raise
+
+
+def _resolvable(url: str) -> None:
+    """A Redis host that does not exist is a configuration error (one line, exit 2)."""
+    host = urlparse(url).hostname
+    if not host:
+        return
+    try:
+        socket.getaddrinfo(host, None)
+    except socket.gaierror as exc:
+        if exc.errno == socket.EAI_NONAME:
+            raise ConfigError(f"redis.url: host {host!r} does not resolve") from None
+
+
 def connect(
     url: str,
     *,
@@ -92,6 +127,7 @@ def connect(
     ``cluster``: ``url`` names one node of a Redis Cluster; the client discovers the
     others and routes each command (and each script, by its hash-tagged key) to the
     node serving its slot."""
+    _resolvable(url)
     retry = Retry(ExponentialBackoff(cap=2.0, base=0.05), retries)
     options: dict[str, Any] = {
         "health_check_interval": 30,
@@ -133,7 +169,8 @@ class RedisStore:
         self._sha = {
             name: hashlib.sha1(src.encode()).hexdigest() for name, src in self._sources.items()
         }
-        self._load_scripts()
+        with _access_errors():
+            self._load_scripts()
         self._meta = f"{{{prefix}:meta}}:"
         self._blocks = BlockCache(layout)
         self._sketches = CoverageSketches(client, layout, prefix, self.block_ttl_s, self._execute)
@@ -165,6 +202,10 @@ class RedisStore:
             raise
 
     def check_layout(self) -> None:
+        with _access_errors():
+            self._check_layout()
+
+    def _check_layout(self) -> None:
         key = self._meta + "layout"
         fingerprint = self.layout.fingerprint()
         self.client.set(key, fingerprint, nx=True)
