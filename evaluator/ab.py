@@ -91,6 +91,9 @@ class ExperimentReadout:
     requests: dict[str, float]
     srm_p_value: float
     comparisons: list[Comparison] = field(default_factory=list)
+    overlap: dict[tuple[str, int], float] = field(default_factory=dict)
+    """Jaccard@K of each variant's and the control's recommended items, by (variant, K),
+    where the reader has the item sets (replay; live it is per window)."""
 
 
 def _estimate(per_bucket: FloatArray, col: int, denom: int) -> RatioEstimate:

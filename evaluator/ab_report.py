@@ -10,6 +10,7 @@ function behind the Prometheus series and the dashboard. Pure: no I/O.
 from __future__ import annotations
 
 import math
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -73,7 +74,39 @@ def experiment_readouts(scored: ScoredRequests, settings: Settings) -> list[Expe
             blocks[scored.variant_names[code]] = block
         exposed = _first_exposures(users, variants, mine.tolist())
         tracker = SequentialTracker()
-        out.append(read_experiment(experiment, blocks, exposed, rules_of(settings), tracker))
+        readout = read_experiment(experiment, blocks, exposed, rules_of(settings), tracker)
+        readout.overlap = _overlap(scored, mine, readout.control, layout.ks)
+        out.append(readout)
+    return out
+
+
+def _overlap(
+    scored: ScoredRequests, rows: Any, control: str, ks: tuple[int, ...]
+) -> dict[tuple[str, int], float]:
+    """Jaccard@K of each variant's top-K item set with the control's, over ``rows``."""
+    if not control:
+        return {}
+    events = scored.requests.events
+    codes = scored.variant[rows]
+    sets: dict[str, dict[int, set[str]]] = {}
+    for code in np.unique(codes).tolist():
+        lists = [events[r].items for r in rows[codes == code].tolist()]
+        seen: set[str] = set()
+        per_k: dict[int, set[str]] = {}
+        done = 0
+        for k in sorted(ks):  # each rank slice added once, as for coverage
+            seen.update(chain.from_iterable(items[done:k] for items in lists))
+            per_k[k], done = set(seen), k
+        sets[scored.variant_names[code]] = per_k
+    if control not in sets:
+        return {}
+    out = {}
+    for variant, per_k in sets.items():
+        if variant == control:
+            continue
+        for k in ks:
+            union = per_k[k] | sets[control][k]
+            out[(variant, k)] = len(per_k[k] & sets[control][k]) / len(union) if union else 0.0
     return out
 
 
@@ -89,6 +122,10 @@ def ab_json(readouts: list[ExperimentReadout]) -> dict[str, Any]:
             "users": r.users,
             "requests": r.requests,
             "srm_p_value": _num(r.srm_p_value),
+            "overlap": {
+                variant: {str(k): j for (v, k), j in r.overlap.items() if v == variant}
+                for variant in sorted({v for v, _ in r.overlap})
+            },
             "comparisons": [
                 {
                     "variant": c.variant,
@@ -131,12 +168,16 @@ def ab_lines(ab: dict[str, Any], k: int) -> list[str]:
         for c in block["comparisons"]:
             if c["k"] != k or c["adjusted"]:
                 continue
+            jaccard = block.get("overlap", {}).get(c["variant"], {}).get(str(k))
+            overlap = "" if jaccard is None else f", item overlap (Jaccard@{k}) {jaccard:.3f}"
             if not c["ready"]:
-                lines.append(f"  {c['variant']}: nDCG@{k} diff {_f(c['diff'])} ({c['reason']})")
+                lines.append(
+                    f"  {c['variant']}: nDCG@{k} diff {_f(c['diff'])} ({c['reason']}){overlap}"
+                )
                 continue
             lines.append(
                 f"  {c['variant']}: nDCG@{k} diff {_f(c['diff'])} "
                 f"[{_f(c['lower'])}, {_f(c['upper'])}], p sequential {_p(c['p_sequential'])}, "
-                f"fixed {_p(c['p_fixed'])}"
+                f"fixed {_p(c['p_fixed'])}{overlap}"
             )
     return lines

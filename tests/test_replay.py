@@ -196,3 +196,10 @@ def test_replay_reports_the_ab_readout(tmp_path) -> None:
         assert c["diff"] == pytest.approx(want, abs=1e-12)
         assert c["ready"] and c["lower"] <= c["diff"] <= c["upper"]
     assert "A/B default (control A)" in render_table(report)
+    for k in settings.metrics.k:
+        tops = {
+            v: {i for e in events.impressions if e["variant"] == v for i in e["items"][:k]}
+            for v in "AB"
+        }
+        want = len(tops["A"] & tops["B"]) / len(tops["A"] | tops["B"])
+        assert ab["overlap"]["B"][str(k)] == pytest.approx(want)
