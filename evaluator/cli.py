@@ -45,15 +45,14 @@ def _port_free(host: str, port: int) -> None:
         return
     import socket
 
-    try:
-        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM)
-    except OSError as exc:
-        raise UsageError(f"http.host {host!r} does not resolve: {exc.strerror}") from None
-    family, kind, proto, _, address = infos[0]
-    with socket.socket(family, kind, proto) as probe:
+    # the server binds IPv4 (http.server's default family): probe the same
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            probe.bind(address)
+            probe.bind((host or "0.0.0.0", port))
+            probe.listen()
+        except socket.gaierror as exc:
+            raise UsageError(f"http.host {host!r} does not resolve: {exc.strerror}") from None
         except OSError as exc:
             raise UsageError(
                 f"cannot serve on {host}:{port} (http.port, --port): {exc.strerror}"

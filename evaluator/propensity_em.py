@@ -191,6 +191,8 @@ def fit_position_model(
     if not rows.starts.size:
         return theta, np.where(np.arange(k) == 0, 0.0, np.nan), np.zeros(k)
     fit = _Fit(rows)
+    if fit.position_clicks[0] <= 0:  # theta_1 = 1 anchors the curve: no clicks there, no fit
+        return theta, np.where(np.arange(k) == 0, 0.0, np.nan), fit.position_clicks
     pi = np.full((rows.starts.size, GRID.size), 1.0 / GRID.size)
     theta, pi, w = _run(fit, _start(fit, k), pi, iterations, tol)
     se = fit.std_errors(theta, w)

@@ -343,6 +343,11 @@ class ABSettings(msgspec.Struct, forbid_unknown_fields=True):
     min_users: int = 1000
     """No interval or p-value for an arm until it and its control have this many
     exposed users (the variance estimate is unreliable below; see docs/statistics.md)."""
+    exposure_ttl: str | int = "30d"
+    """A user's exposure record is kept this long (data time) after their first
+    exposure, then dropped: memory stays bounded by the users of the last 30 days, and a
+    user still active later is counted again, once per period (0: for the experiment's
+    whole life; experiments with an ``end`` drop theirs at the end anyway)."""
     min_effective_buckets: float = 16.0
     """... nor while the arm's requests sit in fewer effective user buckets than this
     ((Σ n_b)² / Σ n_b²: a few heavy users dominating makes the variance unreliable)."""
@@ -355,6 +360,13 @@ class ABSettings(msgspec.Struct, forbid_unknown_fields=True):
         for name in self.experiments:
             if not name or any(c in name for c in "\x1e\x1f\n"):
                 raise ValueError(f"experiments: bad experiment name {name!r}")
+        if not 0 < self.alpha < 1:
+            raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
+        if self.tuning <= 0:
+            raise ValueError("tuning must be > 0")
+        if self.max_variants < 1:
+            raise ValueError("max_variants must be >= 1")
+        _duration("exposure_ttl", self.exposure_ttl)
 
     def experiment_list(self) -> tuple[Experiment, ...]:
         """The configured experiments, or the one ``default`` experiment."""
@@ -366,12 +378,6 @@ class ABSettings(msgspec.Struct, forbid_unknown_fields=True):
             self.control,
             self.split,
         )
-        if not 0 < self.alpha < 1:
-            raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
-        if self.tuning <= 0:
-            raise ValueError("tuning must be > 0")
-        if self.max_variants < 1:
-            raise ValueError("max_variants must be >= 1")
 
 
 class HttpSettings(msgspec.Struct, forbid_unknown_fields=True):
@@ -413,6 +419,11 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
                 f"stays open ({pending_ms // 1000}s: join.attribution_window + "
                 "join.max_clock_skew + event_time.allowed_lateness + "
                 "event_time.max_out_of_orderness)"
+            )
+        if self.ab.min_effective_buckets > self.windows.user_buckets:
+            raise ValueError(
+                f"ab.min_effective_buckets ({self.ab.min_effective_buckets}) exceeds "
+                f"windows.user_buckets ({self.windows.user_buckets}): inference would never start"
             )
         if self.windows.user_buckets % self.redis.shards:
             raise ValueError(

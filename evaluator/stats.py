@@ -160,7 +160,8 @@ class SequentialTracker:
 
 
 def srm_p_value(counts: FloatArray, weights: FloatArray | None = None) -> float:
-    """Sample-ratio-mismatch chi-square test of counts against the expected split."""
+    """Sample-ratio-mismatch chi-square test of counts against the expected split; 0 when
+    an arm the split gives no share has any count (that is a mismatch)."""
     counts = np.asarray(counts, dtype=np.float64)
     k = counts.size
     total = counts.sum()
@@ -168,8 +169,14 @@ def srm_p_value(counts: FloatArray, weights: FloatArray | None = None) -> float:
         return math.nan
     share = np.full(k, 1.0 / k) if weights is None else np.asarray(weights) / np.sum(weights)
     expected = total * share
+    unexpected = expected <= 0
+    if (counts[unexpected] > 0).any():  # traffic to an arm the split gives none
+        return 0.0
+    counts, expected = counts[~unexpected], expected[~unexpected]
+    if counts.size < 2:
+        return math.nan
     chi2 = float(((counts - expected) ** 2 / expected).sum())
-    return _chi2_sf(chi2, k - 1)
+    return _chi2_sf(chi2, counts.size - 1)
 
 
 def _chi2_sf(x: float, dof: int) -> float:

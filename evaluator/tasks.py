@@ -27,6 +27,7 @@ from evaluator.engine.state import PartitionState
 from evaluator.partitioner import PartitionOf
 from evaluator.routing import Decoder, Forwarded
 from evaluator.stores.base import StateStore
+from evaluator.timeutil import parse_duration_ms
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ def engine_config(settings: Settings, partitions: int | None = None) -> EngineCo
         attribute=settings.metrics.diversity_attribute,
         finalised_ttl_ms=settings.redis.ttl_s("finalised_ttl") * 1000,
         experiments=settings.ab.experiment_list(),
+        exposure_ttl_ms=parse_duration_ms(settings.ab.exposure_ttl),
         inputs=("impressions", "interactions")
         if settings.kafka.partitioner == "trust"
         else ("impressions", "interactions", "repartition"),

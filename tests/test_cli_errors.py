@@ -61,6 +61,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     corrupt = bytearray(packed)
     corrupt[-8:-4] = b"\0\0\0\0"  # the CRC of the trailer
     (d / "corrupt.gz").write_bytes(bytes(corrupt))
+    (d / "padded.gz").write_bytes(packed + b"\0" * 1024)  # zero padding, as gzip allows
     (d / "folder").mkdir()
     (d / "latin1.toml").write_bytes(b"[metrics]\n# caf\xe9\n")
     (d / "broken.toml").write_text("[metrics\n")
@@ -237,3 +238,10 @@ def test_run_waits_for_kafka_serving_health_meanwhile(tmp_path) -> None:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=90)
     assert code == 0 and "Traceback" not in log.read_text()
+
+
+def test_zero_padding_after_gzip_data_is_not_damage(files: Path) -> None:
+    _, whole, _ = cli("replay", str(files / "full.gz"), INTERACTIONS, "--output", "json")
+    code, out, err = cli("replay", str(files / "padded.gz"), INTERACTIONS, "--output", "json")
+    assert code == 0 and err == ""
+    assert json.loads(out)["events"] == json.loads(whole)["events"]

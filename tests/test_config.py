@@ -192,3 +192,20 @@ def test_state_ttl_must_outlast_an_open_request() -> None:
     assert settings.redis.ttl_s("state_ttl") == 48 * 3600
     with pytest.raises(ConfigError, match="finalised_ttl"):
         load_settings(environ={"EVALUATOR_REDIS__FINALISED_TTL": "10s"})
+
+
+@pytest.mark.parametrize(
+    ("ab", "needle"),
+    [
+        ({"alpha": 2.0}, "alpha"),
+        ({"tuning": -1}, "tuning"),
+        ({"max_variants": 0}, "max_variants"),
+        ({"min_users": 1}, "min_users"),
+        ({"exposure_ttl": "often"}, "exposure_ttl"),
+        ({"min_effective_buckets": 500}, "user_buckets"),
+        ({"experiments": {"x": {"start": "2026-02-01T00:00:00Z", "end": 1}}}, "end"),
+    ],
+)
+def test_ab_settings_are_validated(ab, needle) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        load_settings(environ={}, overrides={"ab": ab})

@@ -162,3 +162,13 @@ def test_em_intervals_cover_the_truth_near_their_nominal_rate(sparse_fits) -> No
         for t, lo, hi in zip(theta[1:], got.lower[1:], got.upper[1:], strict=True)
     ]
     assert 0.8 <= np.mean(covered) <= 0.99, np.mean(covered)
+
+
+def test_em_without_clicks_at_the_first_position_gives_no_curve() -> None:
+    """theta_1 = 1 anchors the curve: rows never clicked at position 1 cannot place it."""
+    counts = {}
+    for i in range(300):
+        for k, clicks in ((1, 0), (2, 1 if i % 3 else 0), (3, 1 if i % 4 == 0 else 0)):
+            counts[f"h{SEP}c{i}{SEP}x{SEP}{k}"] = 5 + clicks * CLICK
+    got = em(tables(counts, 3), min_clicks=1)
+    assert np.isnan(got.theta[1:]).all() and got.curve() is None

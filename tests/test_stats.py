@@ -126,3 +126,11 @@ def test_sequential_test_detects_a_real_effect() -> None:
         detected_at.append(hits[0] if hits.size else LOOKS)
     power = np.mean(np.asarray(detected_at) < LOOKS)
     assert power >= 0.8
+
+
+def test_srm_flags_traffic_to_an_arm_the_split_gives_none() -> None:
+    from evaluator.stats import srm_p_value
+
+    assert srm_p_value(np.array([500.0, 500.0, 3.0]), np.array([0.5, 0.5, 0.0])) == 0.0
+    # an arm with no share and no traffic is no evidence either way
+    assert srm_p_value(np.array([500.0, 500.0, 0.0]), np.array([0.5, 0.5, 0.0])) == 1.0

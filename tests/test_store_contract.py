@@ -258,7 +258,12 @@ def test_an_ended_experiment_drops_its_exposure_records(make_store) -> None:
     payloads = [impression("r1", "u1", 6_000, ["a"], variant="B")]
     owner.ingest(decode_impressions(payloads)[0], interactions())
     assert any(name.startswith("e:late") for name, _ in store.claim(0).fields)
-    Driver(store, settings=EXPERIMENTS).finalise(9_000 + CONFIG.deadline(0) * 3)
+    after = 9_000 + CONFIG.deadline(0) * 3  # the data's own time passes end + horizon
+    Driver(store, settings=EXPERIMENTS).ingest(
+        decode_impressions([impression("r9", "u9", after, ["a"], variant="B")])[0],
+        interactions(),
+    )
+    Driver(store, settings=EXPERIMENTS).finalise(after)
     fields = [name for name, _ in store.claim(0).fields]
     assert not any(name.startswith("e:late") for name in fields)
     assert any(name.startswith("e:all") for name in fields)  # still running
@@ -656,3 +661,44 @@ def test_redis_coverage_survives_a_failure_between_sketches_and_checkpoint(
     assert counts[("A", 10)] == pytest.approx(4, abs=0.5)
     assert catalog == pytest.approx(4, abs=0.5)
     store.close()
+
+
+def test_exposure_records_expire_after_their_ttl(make_store) -> None:
+    """A user's exposure is forgotten ab.exposure_ttl of data time after it (memory stays
+    bounded); a user active later is counted once more, in the same arm."""
+    store = make_store(SETTINGS.layout())
+    day = 86_400_000
+    settings = load_settings(environ={}, overrides={"ab": {"exposure_ttl": "10d"}})
+
+    def step(rid: str, user: str, t: int) -> None:
+        payloads = [impression(rid, user, t, ["a"], variant="B")]
+        owner = Driver(store, settings=settings)
+        owner.ingest(decode_impressions(payloads)[0], interactions())
+        Driver(store, settings=settings).finalise(t)
+
+    step("r1", "u1", day)
+    step("r2", "u1", 5 * day)  # within the TTL: the same exposure
+    assert store.exposures("default") == {"B": 1}
+    step("r3", "u2", 12 * day)  # data time passes u1's exposure + 10 days
+    assert not any(name == "e:default\x1fu1" for name, _ in store.claim(0).fields)
+    step("r4", "u1", 13 * day)
+    assert store.exposures("default") == {"B": 3}
+
+
+def test_an_ended_experiment_counts_no_late_impression_again(make_store) -> None:
+    store = make_store(SETTINGS.layout())
+    owner = Driver(store, settings=EXPERIMENTS)
+    owner.ingest(
+        decode_impressions([impression("r1", "u1", 6_000, ["a"], variant="B")])[0],
+        interactions(),
+    )
+    after = 9_000 + CONFIG.deadline(0) * 3
+    owner = Driver(store, settings=EXPERIMENTS)
+    owner.ingest(
+        decode_impressions([impression("r2", "u9", after, ["a"], variant="B")])[0],
+        interactions(),
+    )
+    Driver(store, settings=EXPERIMENTS).finalise(after)
+    late = decode_impressions([impression("r3", "u1", 7_000, ["a"], variant="B")])[0]
+    Driver(store, settings=EXPERIMENTS).ingest(late, interactions())  # dropped records
+    assert store.exposures("late") == {"B": 1}

@@ -51,6 +51,8 @@ class EngineConfig:
     goes idle."""
     experiments: tuple[Experiment, ...] = ()
     """Experiments whose exposures (a user's first impression) are recorded."""
+    exposure_ttl_ms: int = 30 * 86_400_000
+    """Exposure records are dropped this long after the exposure (0: kept)."""
     eager: tuple[str, ...] = ("repartition",)
     """Inputs idle as soon as they are confirmed at their end: the repartition topic
     only carries events forwarded by other partitions, usually none."""
@@ -126,7 +128,10 @@ class PartitionEngine:
         state, counts = self.state, self.counts
         deadline = self.config.finalise.deadline
         attribute = self.config.attribute
-        experiments = self.config.experiments
+        # experiments whose records were dropped (ended a horizon ago, by the data's own
+        # time, which survives reloads) count nobody again
+        data_ms = self.data_time_ms()
+        experiments = [e for e in self.config.experiments if not self._over(e, data_ms)]
         for event, ts in zip(impressions.events, impressions.timestamp_ms, strict=True):
             rid = event.request_id
             if rid in state.requests or rid in state.final:
@@ -135,7 +140,7 @@ class PartitionEngine:
             state.add_request(open_request(event, ts, attribute), deadline(ts))
             for experiment in experiments:
                 if experiment.includes(event.variant, ts) and state.expose(
-                    experiment.name + SEP + event.user_id, event.variant
+                    experiment.name + SEP + event.user_id, event.variant, ts
                 ):
                     counts.exposures[experiment.name + SEP + event.variant] += 1
         loose_late_before = self._loose_late_before()
@@ -274,17 +279,22 @@ class PartitionEngine:
         data_ms = self.data_time_ms()
         state.expire(watermark - self.config.horizon_ms, data_ms - self.config.finalised_ttl_ms)
         self._sweep_history(data_ms)
-        self._end_experiments(watermark)
+        self._end_experiments(data_ms)
+        if self.config.exposure_ttl_ms:
+            state.expire_exposures(data_ms - self.config.exposure_ttl_ms)
         return out
 
-    def _end_experiments(self, watermark: int) -> None:
-        """Drop the exposure records of experiments that ended a horizon ago (checked
-        once per experiment and engine; a reload checks again)."""
+    def _over(self, experiment: Experiment, data_ms: int) -> bool:
+        """Whether an experiment ended a join horizon before the data's own time."""
+        end = experiment.end_ms
+        return end is not None and data_ms > end + self.config.horizon_ms
+
+    def _end_experiments(self, data_ms: int) -> None:
+        """Drop the exposure records of experiments that ended a horizon ago, by the
+        data's own time (an idle partition's watermark follows the wall clock); checked
+        once per experiment and engine, again after a reload."""
         for experiment in self.config.experiments:
-            end = experiment.end_ms
-            if end is None or experiment.name in self._ended:
-                continue
-            if watermark > end + self.config.horizon_ms:
+            if experiment.name not in self._ended and self._over(experiment, data_ms):
                 self.state.drop_exposures(experiment.name)
                 self._ended.add(experiment.name)
 

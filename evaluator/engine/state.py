@@ -124,8 +124,10 @@ class PartitionState:
     time + the marker TTL."""
     loose_expiry: list[tuple[int, int, str]] = field(default_factory=list)
     """Heap of (time, 2, user US event) of loose interactions, dropped past the horizon."""
-    exposed: dict[str, str] = field(default_factory=dict)
-    """``experiment US user`` -> the variant of the user's first impression in it."""
+    exposed: dict[str, tuple[str, int]] = field(default_factory=dict)
+    """``experiment US user`` -> the variant and time of the user's first impression in it."""
+    exposure_expiry: list[tuple[int, str]] = field(default_factory=list)
+    """Heap of (first exposure time, key), dropped past ``ab.exposure_ttl``."""
     changes: Changes = field(default_factory=dict)
 
     # --- writes -----------------------------------------------------------------
@@ -170,14 +172,25 @@ class PartitionState:
     def _write_history(self, user_id: str, user: UserState) -> None:
         self.changes["h:" + user_id] = _encode(user.history) if user.history else None
 
-    def expose(self, key: str, variant: str) -> bool:
-        """Record a user's first exposure in an experiment (``experiment US user``);
-        False when the user was exposed already."""
+    def expose(self, key: str, variant: str, t_ms: int) -> bool:
+        """Record a user's first exposure in an experiment (``experiment US user``) at
+        impression time ``t_ms``; False when the user was exposed already."""
         if key in self.exposed:
             return False
-        self.exposed[key] = variant
-        self.changes["e:" + key] = variant.encode()
+        self.exposed[key] = (variant, t_ms)
+        heapq.heappush(self.exposure_expiry, (t_ms, key))
+        self.changes["e:" + key] = _encode((variant, t_ms))
         return True
+
+    def expire_exposures(self, before_ms: int) -> None:
+        """Forget exposures first recorded before ``before_ms`` (``ab.exposure_ttl``)."""
+        heap = self.exposure_expiry
+        while heap and heap[0][0] < before_ms:
+            t, key = heapq.heappop(heap)
+            found = self.exposed.get(key)
+            if found is not None and found[1] == t:
+                del self.exposed[key]
+                self.changes["e:" + key] = None
 
     def drop_exposures(self, experiment: str) -> int:
         """Forget an ended experiment's exposure records; returns how many."""
@@ -305,7 +318,9 @@ class PartitionState:
                 state.final[key] = (d, set(ids))
                 state.expiry.append((d, 0, key))
             elif kind == "e":
-                state.exposed[key] = raw.decode()
+                variant, t = _decode(raw)
+                state.exposed[key] = (variant, t)
+                state.exposure_expiry.append((t, key))
             elif kind == "x":
                 t = _decode(raw)
                 state.seen[key] = t
@@ -313,6 +328,7 @@ class PartitionState:
         heapq.heapify(state.deadlines)
         heapq.heapify(state.expiry)
         heapq.heapify(state.loose_expiry)
+        heapq.heapify(state.exposure_expiry)
         return state
 
 

@@ -117,13 +117,30 @@ def _gunzip_lines(handle: IO[bytes]) -> Iterator[bytes]:
                 for line in (pending + _salvage(before, piece)).split(b"\n")[:-1]:
                     yield line + b"\n"
                 raise
+            padded = False
             if decompressor.eof and decompressor.unused_data:  # the next gzip member
                 chunk = decompressor.unused_data + chunk
-                decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                if not chunk.strip(b"\x00"):
+                    chunk = _after_zeros(handle)
+                    padded = not chunk  # zeros to the end: padding, as gzip allows
+                if not padded:
+                    decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
             lines = (pending + data).split(b"\n")
             pending = lines.pop()
             for line in lines:
                 yield line + b"\n"
+            if padded:
+                if pending:
+                    yield pending
+                return
+
+
+def _after_zeros(handle: IO[bytes]) -> bytes:
+    """The data after a run of zero bytes (empty when only zeros remain)."""
+    while True:
+        more = handle.read(GZIP_READ)
+        if not more or more.strip(b"\x00"):
+            return more.lstrip(b"\x00")
 
 
 def _salvage(decompressor: Any, piece: bytes) -> bytes:

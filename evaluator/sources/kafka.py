@@ -42,16 +42,21 @@ def _security(settings: KafkaSettings) -> dict[str, Any]:
 def _resolvable(bootstrap_servers: str) -> None:
     """A bootstrap host that does not exist is a configuration error (one line, exit 2),
     not an outage to wait for."""
-    for server in bootstrap_servers.split(","):
-        host, _, port = server.strip().rpartition(":")
-        host = host.strip("[]") or server.strip()
+    unknown = []
+    servers = [s.strip() for s in bootstrap_servers.split(",") if s.strip()]
+    for server in servers:
+        host, _, port = server.rpartition(":")
+        host = host.strip("[]") or server
         try:
             socket.getaddrinfo(host, int(port) if port.isdigit() else 9092)
         except socket.gaierror as exc:
-            if exc.errno == socket.EAI_NONAME:
-                raise ConfigError(
-                    f"kafka.bootstrap_servers: host {host!r} does not resolve"
-                ) from None
+            if exc.errno != socket.EAI_NONAME:
+                return  # DNS trouble, not a wrong name: wait like for any outage
+            unknown.append(host)
+    if servers and len(unknown) == len(servers):  # one resolvable broker is enough
+        raise ConfigError(
+            f"kafka.bootstrap_servers: no host resolves ({', '.join(map(repr, unknown))})"
+        )
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]

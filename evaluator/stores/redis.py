@@ -32,7 +32,7 @@ import numpy as np
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, RedisClusterException
 from redis.retry import Retry
 
 from evaluator.config import ConfigError
@@ -80,7 +80,14 @@ Client = redis.Redis | RedisCluster
 """A standalone Redis client, or a Redis Cluster client (same commands and key layout)."""
 
 
-ACCESS_REFUSED = ("NOAUTH", "WRONGPASS", "NOPERM", "HELLO must be called", "invalid username")
+ACCESS_REFUSED = (
+    "NOAUTH",
+    "WRONGPASS",
+    "NOPERM",
+    "HELLO must be called",
+    "invalid username",
+    "uthentication",
+)
 """Replies meaning the credentials or permissions are wrong (not an outage)."""
 
 
@@ -90,7 +97,7 @@ def _access_errors() -> Iterator[None]:
     not an outage to wait for."""
     try:
         yield
-    except (redis.AuthenticationError, redis.ResponseError) as exc:
+    except (redis.AuthenticationError, redis.ResponseError, RedisClusterException) as exc:
         if isinstance(exc, redis.AuthenticationError) or any(
             code in str(exc) for code in ACCESS_REFUSED
         ):
@@ -142,8 +149,9 @@ def connect(
         url = "rediss://" + url[len("redis://") :]
     if ca_certs:
         options["ssl_ca_certs"] = ca_certs
-    if cluster:
-        return RedisCluster.from_url(url, retry=retry, **options)
+    if cluster:  # discovery runs here, and wraps refused credentials in its own error
+        with _access_errors():
+            return RedisCluster.from_url(url, retry=retry, **options)
     retry_on = [redis.ConnectionError, redis.TimeoutError]
     return redis.Redis.from_url(url, retry=retry, retry_on_error=retry_on, **options)
 
