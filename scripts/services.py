@@ -318,9 +318,18 @@ def start() -> None:
     check_prerequisites()
     fetch_kafka()
     run_dir = STATE / time.strftime("run-%Y%m%d-%H%M%S")
-    redis_port, redis_pid = start_redis(run_dir / "redis")
-    cluster_port, cluster_pid = start_redis(run_dir / "redis-cluster", cluster=True)
-    kafka_port, kafka_pid = start_kafka(run_dir / "kafka")
+    started: list[int] = []
+    try:
+        redis_port, redis_pid = start_redis(run_dir / "redis")
+        started.append(redis_pid)
+        cluster_port, cluster_pid = start_redis(run_dir / "redis-cluster", cluster=True)
+        started.append(cluster_pid)
+        kafka_port, kafka_pid = start_kafka(run_dir / "kafka")
+    except BaseException:  # a failed start leaves nothing running behind it
+        for pid in started:
+            if alive(pid):
+                os.kill(pid, signal.SIGTERM)
+        raise
     env = {
         "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{kafka_port}",
         "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",

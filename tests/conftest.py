@@ -36,7 +36,7 @@ def _services_env() -> tuple[dict[str, str], bool]:
 
 
 @pytest.fixture(scope="session")
-def services() -> Iterator[dict[str, str]]:
+def services(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
     """The services for the session. Those this session started are stopped at its end
     (ones already running, or given by the environment, are left alone)."""
     env, started = _services_env()
@@ -47,10 +47,12 @@ def services() -> Iterator[dict[str, str]]:
             capture_output=True,
             check=False,
         )
-        sys.__stderr__.write(
-            "\nservices: stopped the Kafka broker and Redis servers this test run started "
-            "(KEEP_SERVICES=1 keeps them; `make services` starts them for reuse)\n"
-        )
+        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:  # printed past pytest's output capture
+            reporter.write_line(
+                "services: stopped the Kafka broker and Redis servers this test run started "
+                "(KEEP_SERVICES=1 keeps them; `make services` starts them for reuse)"
+            )
 
 
 @pytest.fixture(scope="session")

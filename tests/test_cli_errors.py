@@ -43,6 +43,17 @@ def cli(
     return proc.returncode, proc.stdout, proc.stderr
 
 
+def readiness(port: int) -> tuple[int, str]:
+    """/readyz's status and text (0 and "" while nothing answers)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz") as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError:
+        return 0, ""
+
+
 def one_line(stderr: str) -> str:
     assert "Traceback" not in stderr
     lines = stderr.strip().splitlines()
@@ -166,23 +177,13 @@ def test_run_waits_for_redis_serving_health_meanwhile(kafka_bootstrap: str, tmp_
             cwd=ROOT,
         )
     try:
-
-        def readiness() -> tuple[int, str] | None:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz") as reply:
-                    return reply.status, reply.read().decode()
-            except urllib.error.HTTPError as exc:
-                return exc.code, exc.read().decode()
-            except OSError:
-                return None
-
         wait_until(
-            lambda: (readiness() or (0, ""))[1].startswith("waiting for Redis"),
+            lambda: readiness(port)[1].startswith("waiting for Redis"),
             60,
             "/readyz reports the wait for Redis",
             [proc],
         )
-        assert readiness()[0] == 503
+        assert readiness(port)[0] == 503
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz") as reply:
             assert reply.status == 200
         wait_until(
@@ -220,18 +221,8 @@ def test_run_waits_for_kafka_serving_health_meanwhile(tmp_path) -> None:
             cwd=ROOT,
         )
     try:
-
-        def readiness() -> tuple[int, str]:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz") as reply:
-                    return reply.status, reply.read().decode()
-            except urllib.error.HTTPError as exc:
-                return exc.code, exc.read().decode()
-            except OSError:
-                return 0, ""
-
-        wait_until(lambda: "Kafka" in readiness()[1], 30, "/readyz reports the wait", [proc])
-        assert readiness()[0] == 503
+        wait_until(lambda: "Kafka" in readiness(port)[1], 30, "/readyz reports the wait", [proc])
+        assert readiness(port)[0] == 503
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz") as reply:
             assert reply.status == 200
     finally:
