@@ -36,7 +36,7 @@ def _services_env() -> tuple[dict[str, str], bool]:
 
 
 @pytest.fixture(scope="session")
-def services(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
+def services() -> Iterator[dict[str, str]]:
     """The services for the session. Those this session started are stopped at its end
     (ones already running, or given by the environment, are left alone)."""
     env, started = _services_env()
@@ -47,12 +47,20 @@ def services(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
             capture_output=True,
             check=False,
         )
-        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:  # printed past pytest's output capture
-            reporter.write_line(
-                "services: stopped the Kafka broker and Redis servers this test run started "
-                "(KEEP_SERVICES=1 keeps them; `make services` starts them for reuse)"
-            )
+        _STOPPED.append(True)
+
+
+_STOPPED: list[bool] = []
+"""Set when the session stopped services it started (said in the terminal summary: a
+session fixture's teardown runs under the last test's output capture)."""
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _STOPPED:
+        terminalreporter.write_line(
+            "services: stopped the Kafka broker and Redis servers this test run started "
+            "(KEEP_SERVICES=1 keeps them; `make services` starts them for reuse)"
+        )
 
 
 @pytest.fixture(scope="session")
