@@ -276,3 +276,14 @@ class KafkaBroker:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+
+
+def has_sample(text: str, name: str, **labels: str) -> bool:
+    """Whether an exposition holds a sample of ``name`` with these labels (any order)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return any(
+        sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    )

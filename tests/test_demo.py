@@ -10,7 +10,7 @@ import pytest
 from evaluator.commands.demo import demo_tree, run_demo
 from evaluator.config import load_settings
 from evaluator.stores.memory import MemoryStore
-from tests.live import running_demo, wait_until
+from tests.live import has_sample, running_demo, wait_until
 
 DEMO_REQUESTS = 12_000
 """About 48,000 events; at least 4,000 requests per variant are finalised."""
@@ -60,10 +60,10 @@ def test_demo_serves_metrics_and_the_page_while_running() -> None:
 
         def has_numbers() -> bool:
             seen.append(scrape())
-            return 'recsys_eval_ndcg{variant="treatment"' in seen[-1]
+            return has_sample(seen[-1], "recsys_eval_ndcg", variant="treatment")
 
         wait_until(has_numbers, 30, "the demo shows live numbers (README: within 30 s)")
-        assert 'recsys_eval_requests{variant="control"' in seen[-1]
+        assert has_sample(seen[-1], "recsys_eval_requests", variant="control")
         page = urllib.request.urlopen(base + "/", timeout=5).read().decode()
         body = page.split("<body>")[1]
         assert "/dashboard.js" in body and "https://" not in page  # nothing from a CDN

@@ -139,7 +139,10 @@ def test_variants_beyond_the_cap_fold_into_other() -> None:
 
 
 def test_http_endpoints() -> None:
+    from prometheus_client import Gauge
+
     registry = CollectorRegistry()
+    Gauge("recsys_eval_test", "A test gauge.", ["variant"], registry=registry).labels("a").set(1)
     state = {"ready": (False, "no Kafka partitions assigned")}
     server = serve(
         registry,
@@ -147,7 +150,6 @@ def test_http_endpoints() -> None:
         0,
         alive=lambda: True,
         ready=lambda: state["ready"],
-        extra=lambda: b'recsys_eval_test{variant="a"} 1.0\n',
     )
     base = f"http://127.0.0.1:{server.server_address[1]}"
     try:
@@ -223,23 +225,15 @@ def test_overlap_is_the_jaccard_of_top_k_item_sets(tmp_path) -> None:
             assert got == pytest.approx(want, abs=1e-12)
 
 
-def test_fast_exposition_equals_the_client_library(tmp_path) -> None:
+def test_label_values_are_escaped_in_the_exposition(tmp_path) -> None:
+    """The registered collector goes through the client library's own exposition."""
     events = generate(44, requests=150)
     events.impressions[0]["variant"] = 'quo"te\\back'  # label values are escaped
     _, _, collector = live_run(events, seed=44)
     registry = CollectorRegistry()
     registry.register(collector)
-
-    def parsed(text: str) -> set:
-        return {
-            (s.name, tuple(sorted(s.labels.items())), s.value)
-            for f in text_string_to_metric_families(text)
-            for s in f.samples
-        }
-
-    fast = parsed(collector.exposition().decode())
-    assert fast == parsed(generate_latest(registry).decode())
-    assert any(dict(labels).get("variant") == 'quo"te\\back' for _, labels, _ in fast)
+    found = samples(registry)
+    assert any(s.labels.get("variant") == 'quo"te\\back' for s in found["recsys_eval_requests"])
 
 
 def test_rbo_with_shadow_rankings(tmp_path) -> None:
@@ -271,10 +265,10 @@ def test_rbo_with_shadow_rankings(tmp_path) -> None:
     ]
 
 
-def test_cached_exposition_refreshes_in_the_background() -> None:
+def test_readout_refreshes_in_the_background() -> None:
     import threading
 
-    from evaluator.exporters.http import CachedExposition
+    from evaluator.exporters.http import Refreshed
 
     calls: list[int] = []
     refreshed = threading.Event()
@@ -285,7 +279,7 @@ def test_cached_exposition_refreshes_in_the_background() -> None:
             refreshed.set()
         return f"recsys_eval_x {len(calls)}\n".encode()
 
-    cached = CachedExposition(compute, interval_s=0.05)
+    cached = Refreshed(compute, interval_s=0.05)
     try:
         assert cached.get() == b"recsys_eval_x 1\n"  # first read computes synchronously
         assert refreshed.wait(timeout=10)

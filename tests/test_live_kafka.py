@@ -20,7 +20,16 @@ import pytest
 from kafka import KafkaConsumer
 
 from tests.eventgen import EventSet, generate
-from tests.live import ROOT, free_port, new_env, stop, stream, to_payloads, wait_until
+from tests.live import (
+    ROOT,
+    free_port,
+    has_sample,
+    new_env,
+    stop,
+    stream,
+    to_payloads,
+    wait_until,
+)
 from tests.livecheck import SENTINEL_VARIANT, compare_with_replay
 
 pytestmark = pytest.mark.services
@@ -246,11 +255,11 @@ def test_demo_through_kafka_and_redis(kafka_bootstrap, redis_url, tmp_path) -> N
             seen.append(text.read().decode())
         except OSError:
             return False
-        return 'recsys_eval_ndcg{variant="treatment"' in seen[-1]
+        return has_sample(seen[-1], "recsys_eval_ndcg", variant="treatment")
 
     try:
         wait_until(has_numbers, 90, "the Kafka demo shows live numbers", [proc])
-        assert 'recsys_eval_events_consumed_total{topic="impressions"}' in seen[-1]
+        assert has_sample(seen[-1], "recsys_eval_events_consumed_total", topic="impressions")
         store = env.store()
         assert store.counters().get("finalised", 0) > 0  # the state is in Redis
         store.close()

@@ -7,12 +7,13 @@ from collections.abc import Callable
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 
 from evaluator.batches import wall_clock_ms
 from evaluator.config import Settings
 from evaluator.exporters.dashboard import DashboardHistory, routes
-from evaluator.exporters.http import CachedExposition, serve
+from evaluator.exporters.families import Families
+from evaluator.exporters.http import Refreshed, serve
 from evaluator.exporters.pipeline_metrics import PipelineCollector
 from evaluator.exporters.prometheus import WindowCollector
 from evaluator.stores.base import StateStore
@@ -37,30 +38,32 @@ def serve_metrics(
     if not settings.http.port:
         return None
     registry = CollectorRegistry()
-    registry.register(PipelineCollector(tasks.stats, lag, tasks.watermark, wall_clock_ms))
+    pipeline = PipelineCollector(tasks.stats, lag, tasks.watermark, wall_clock_ms)
+    registry.register(pipeline)
     windows = WindowCollector(store, settings, store.frontier)
     history = DashboardHistory(settings.windows.sizes_label(), settings.metrics.k[0], truth=truth)
     refresh_s = parse_duration_ms(settings.http.refresh_interval) / 1000.0
 
-    def record(text: bytes) -> None:
-        history.record(generate_latest(registry) + text)
+    def record(readout: Families) -> None:  # the dashboard reads the values, not the text
+        history.record(readout, pipeline.collect())
 
     if refresh_s:
-        extra = CachedExposition(windows.exposition, refresh_s, on_refresh=record).get
+        windows.attach(Refreshed(windows.readout, refresh_s, on_refresh=record).get)
     else:  # computed at every scrape
 
-        def extra() -> bytes:
-            text = windows.exposition()
-            record(text)
-            return text
+        def fresh() -> Families:
+            readout = windows.readout()
+            record(readout)
+            return readout
 
+        windows.attach(fresh)
+    registry.register(windows)
     server = serve(
         registry,
         settings.http.host,
         settings.http.port,
         alive=alive,
         ready=ready,
-        extra=extra,
         routes=routes(history),
     )
     host, port = server.server_address[:2]

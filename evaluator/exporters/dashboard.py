@@ -1,6 +1,6 @@
 """The built-in live dashboard: a page served next to ``/metrics``, fed by the same series.
 
-Each refresh of the metrics text is parsed back into a compact snapshot (nDCG
+Each refresh of the readout behind ``/metrics`` becomes a compact snapshot (nDCG
 per variant raw and adjusted, A/B differences since each experiment's start
 with their always-valid bands, the sequential p-value, users per arm and the
 sample-ratio test, requests per variant, the propensity curves, pipeline health), and the page
@@ -15,11 +15,13 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from importlib import resources
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.core import Metric
+
+from evaluator.exporters.families import Families
 
 ASSETS = {
     "/": ("index.html", "text/html; charset=utf-8"),
@@ -48,13 +50,24 @@ class DashboardHistory:
         self._snapshots: deque[dict[str, Any]] = deque(maxlen=keep)
         self._lock = threading.Lock()
 
-    def record(self, text: bytes, now_s: float | None = None) -> None:
-        """Parse one exposition and keep its snapshot."""
-        snap = self.snapshot(text.decode(), time.time() if now_s is None else now_s)
+    def record(
+        self, readout: Families, process: Iterable[Metric] = (), now_s: float | None = None
+    ) -> None:
+        """Keep the snapshot of one readout (the values ``/metrics`` serves, taken as
+        values, not parsed back from text) and the process's own metrics."""
+        samples = [
+            (name, dict(zip(readout.labels[name], values, strict=True)), value)
+            for name, rows in readout.samples.items()
+            for values, value in rows
+        ]
+        samples += [(s.name, s.labels, s.value) for family in process for s in family.samples]
+        snap = self.snapshot(samples, time.time() if now_s is None else now_s)
         with self._lock:
             self._snapshots.append(snap)
 
-    def snapshot(self, text: str, now_s: float) -> dict[str, Any]:
+    def snapshot(
+        self, samples: Iterable[tuple[str, dict[str, str], float]], now_s: float
+    ) -> dict[str, Any]:
         snap: dict[str, Any] = {
             "t": round(now_s, 3),
             "ndcg": {},
@@ -64,9 +77,8 @@ class DashboardHistory:
             "eta": {},
             "health": {},
         }
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                self._take(snap, sample.name, sample.labels, sample.value)
+        for name, labels, value in samples:
+            self._take(snap, name, labels, value)
         snap["propensity"] = {
             est: [curve[k] for k in sorted(curve)] for est, curve in snap["propensity"].items()
         }

@@ -1,4 +1,4 @@
-"""The gauge families of the window metrics: names, help, labels, and a fast text form."""
+"""The gauge families of the window metrics: names, help and labels of each sample."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from prometheus_client.core import GaugeMetricFamily
-
-_ESCAPE = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n"})
 
 
 @dataclass(slots=True)
@@ -25,28 +23,14 @@ class Families:
             self.samples[name].append(([labels[k] for k in self.labels[name]], float(value)))
 
     def families(self) -> Iterator[GaugeMetricFamily]:
+        """The families with samples (an empty one would only add HELP and TYPE lines)."""
         for name, samples in self.samples.items():
+            if not samples:
+                continue
             family = GaugeMetricFamily(name, self.help[name], labels=self.labels[name])
             for values, value in samples:
                 family.add_metric(values, value)
             yield family
-
-    def text(self) -> str:
-        """Prometheus text exposition, written directly: the samples are many and their
-        label names are fixed, so this skips the per-sample validation of the client."""
-        out: list[str] = []
-        for name, samples in self.samples.items():
-            out.append(f"# HELP {name} {self.help[name]}\n# TYPE {name} gauge\n")
-            keys = self.labels[name]
-            for values, value in samples:
-                if keys:
-                    pairs = ",".join(
-                        f'{k}="{v.translate(_ESCAPE)}"' for k, v in zip(keys, values, strict=True)
-                    )
-                    out.append(f"{name}{{{pairs}}} {value!r}\n")
-                else:
-                    out.append(f"{name} {value!r}\n")
-        return "".join(out)
 
 
 def new_families() -> Families:

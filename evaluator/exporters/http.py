@@ -7,10 +7,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Generic, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def serve(
@@ -20,12 +22,10 @@ def serve(
     *,
     alive: Callable[[], bool],
     ready: Callable[[], tuple[bool, str]],
-    extra: Callable[[], bytes] = lambda: b"",
     routes: Mapping[str, Callable[[], tuple[bytes, str]]] | None = None,
 ) -> ThreadingHTTPServer:
     """Start the endpoints on a daemon thread; returns the server (``server_address`` has
-    the bound port when ``port`` is 0). ``/metrics`` is the registry's exposition
-    followed by ``extra()`` (more exposition text, e.g. the window metrics);
+    the bound port when ``port`` is 0). ``/metrics`` is the registry's exposition;
     ``routes`` maps more paths to ``(body, content type)`` producers (the dashboard)."""
     pages = dict(routes or {})
 
@@ -33,7 +33,7 @@ def serve(
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
-                self._reply(200, generate_latest(registry) + extra(), CONTENT_TYPE_LATEST)
+                self._reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
             elif path == "/healthz":
                 ok = alive()
                 self._reply(200 if ok else 503, b"ok\n" if ok else b"stalled\n")
@@ -61,8 +61,8 @@ def serve(
     return server
 
 
-class CachedExposition:
-    """Exposition text recomputed on a background thread every ``interval_s`` seconds.
+class Refreshed(Generic[T]):
+    """A value recomputed on a background thread every ``interval_s`` seconds.
 
     Reading the window metrics costs tens of milliseconds (Redis reads, A/B
     statistics); serving a copy at most ``interval_s`` old keeps ``/metrics``
@@ -71,41 +71,41 @@ class CachedExposition:
 
     def __init__(
         self,
-        compute: Callable[[], bytes],
+        compute: Callable[[], T],
         interval_s: float,
-        on_refresh: Callable[[bytes], object] = lambda text: None,
+        on_refresh: Callable[[T], object] = lambda value: None,
     ) -> None:
         self.compute = compute
         self.on_refresh = on_refresh
-        """Called with each fresh text (the dashboard's history records it)."""
+        """Called with each fresh value (the dashboard's history records it)."""
         self.interval_s = interval_s
         self.last_seconds = 0.0
         """How long the latest refresh took (exported by the caller if wanted)."""
-        self._text: bytes | None = None
+        self._value: T | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         threading.Thread(target=self._loop, name="metrics-refresh", daemon=True).start()
 
-    def _refresh(self) -> bytes:
+    def _refresh(self) -> T:
         started = time.perf_counter()
-        text = self.compute()
+        value = self.compute()
         self.last_seconds = time.perf_counter() - started
         with self._lock:
-            self._text = text
-        self.on_refresh(text)
-        return text
+            self._value = value
+        self.on_refresh(value)
+        return value
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
                 self._refresh()
-            except Exception:  # a failed refresh keeps serving the previous text
+            except Exception:  # a failed refresh keeps serving the previous value
                 log.exception("refreshing window metrics failed")
 
-    def get(self) -> bytes:
+    def get(self) -> T:
         with self._lock:
-            text = self._text
-        return text if text is not None else self._refresh()
+            value = self._value
+        return value if value is not None else self._refresh()
 
     def close(self) -> None:
         self._stop.set()

@@ -80,6 +80,7 @@ class WindowCollector(Collector):
             ab.min_effective_buckets,
         )
         self._status: dict[tuple[str, str], str] = {}
+        self._source: Callable[[], Families] | None = None
 
     def _scrape(self) -> Families:
         fam = new_families()
@@ -113,12 +114,21 @@ class WindowCollector(Collector):
                 fam.add("recsys_eval_propensity_clicks", labels, e.samples[k])
                 fam.add("recsys_eval_propensity_fallback", labels, float(e.fallback[k]))
 
-    def collect(self) -> Iterator[Metric]:
-        yield from self._scrape().families()
+    def readout(self) -> Families:
+        """Every window, A/B and propensity value now, read from the store: what
+        ``/metrics`` and the dashboard both show."""
+        return self._scrape()
 
-    def exposition(self) -> bytes:
-        """The same metrics as :meth:`collect`, as exposition text (much faster)."""
-        return self._scrape().text().encode()
+    def attach(self, source: Callable[[], Families]) -> None:
+        """Serve ``source()`` (a readout refreshed in the background) instead of reading
+        the store at every collection."""
+        self._source = source
+
+    def describe(self) -> list[Metric]:
+        return []  # names vary with the data; nothing to check at registration
+
+    def collect(self) -> Iterator[Metric]:
+        yield from (self._source or self.readout)().families()
 
     def _window(self, fam: Families, window: int, frontier: int) -> None:
         ab = self.settings.ab
