@@ -155,8 +155,7 @@ def test_run_with_an_unknown_kafka_host_stops_at_once() -> None:
         "run", "--bootstrap-servers", "no-such-host.invalid:9092", "--port", "0", timeout=60
     )
     assert code == 2
-    assert "does not resolve" in err.strip().splitlines()[-1]
-    assert "Traceback" not in err
+    assert "no-such-host.invalid" in one_line(err) and "resolve" in one_line(err)
 
 
 @pytest.mark.services
