@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 from evaluator import __version__
 from evaluator.config import ConfigError, Settings, load_settings, masked
 from evaluator.logs import setup_logging
+from evaluator.runtime import tune_gc
 
 
 class UsageError(Exception):
@@ -457,6 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    tune_gc()
     try:
         code: int = args.func(args)
     except (ConfigError, UsageError) as exc:

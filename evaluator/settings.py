@@ -240,6 +240,11 @@ class RedisSettings(msgspec.Struct, forbid_unknown_fields=True):
     state_ttl: str | int = "48h"
     """Lifetime of open-request state (records, pending interactions, user indexes),
     refreshed by writes; must outlast the time to finalisation."""
+    checkpoint_interval: str | int = "1s"
+    """How often an owned partition writes its checkpoint (state changes, offsets and
+    aggregate increments, atomically) while it works through a backlog; at the end of
+    its inputs it writes after every poll. Longer: less work per event, more to redo
+    after a crash, a readout that lags more. 0: after every poll."""
     finalised_ttl: str | int = "48h"
     """How long a finalised request's marker lives: within it, a redelivered event is a
     duplicate and a late interaction is counted late. One small hash per finalised
@@ -248,10 +253,15 @@ class RedisSettings(msgspec.Struct, forbid_unknown_fields=True):
     def ttl_s(self, name: str) -> int:
         return -(-_duration(name, getattr(self, name)) // 1000)
 
+    def ms(self, name: str) -> int:
+        return _duration(name, getattr(self, name))
+
     def __post_init__(self) -> None:
         for name in ("state_ttl", "finalised_ttl"):
             if _duration(name, getattr(self, name)) < 60_000:
                 raise ValueError(f"{name} must be at least 1m")
+        if not 0 <= _duration("checkpoint_interval", self.checkpoint_interval) <= 60_000:
+            raise ValueError("checkpoint_interval must be in 0..1m")
         if not self.url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(
                 f"url must start with redis://, rediss:// or unix://, got {self.url!r}"

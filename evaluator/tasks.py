@@ -24,6 +24,7 @@ from evaluator.curves import BucketCurves
 from evaluator.engine.checkpoint import Delta, Outcome
 from evaluator.engine.partition import EngineConfig, PartitionEngine
 from evaluator.engine.state import PartitionState
+from evaluator.finalise import Finalised
 from evaluator.partitioner import PartitionOf
 from evaluator.routing import Decoder, Forwarded
 from evaluator.stores.base import StateStore
@@ -40,6 +41,8 @@ BOUNDS_KEPT = 16
 """Recent bounds kept, so one read before the latest confirmation is always there."""
 NO_LIMIT = -(2**62)
 """A limit that holds the watermark where it is."""
+MAX_PENDING_FIELDS = 200_000
+"""A partition checkpoints before its interval once this many changelog fields wait."""
 
 
 def engine_config(settings: Settings, partitions: int | None = None) -> EngineConfig:
@@ -68,11 +71,20 @@ class Owned:
     seq: int
     """Checkpoints written so far (the store refuses a write that does not follow it)."""
     offsets: dict[str, int] = field(default_factory=dict)
-    """Input -> next offset to consume, as of the last checkpoint."""
+    """Input -> next offset to consume, as of the engine's state in memory."""
     written_marks: tuple[int | None, int | None] = (None, None)
     """(watermark, own watermark) as of the last checkpoint."""
     forwarded_ms: int | None = None
     """Wall clock of the latest event this partition forwarded."""
+    durable: dict[str, int] = field(default_factory=dict)
+    """Input -> next offset to consume, as of the last checkpoint written (what a new
+    owner resumes from, and what is committed to Kafka)."""
+    checkpointed_ms: int | None = None
+    """Wall clock of the last checkpoint written (None: none yet by this owner)."""
+    done: list[Finalised] = field(default_factory=list)
+    """Requests finalised since the last checkpoint, written with the next one."""
+    consumed: bool = False
+    """Records were consumed since the last checkpoint."""
 
 
 def partition_number(name: str) -> int:
@@ -93,6 +105,7 @@ class Tasks:
         self.settings = settings
         self.partitions = partitions
         self.config = engine_config(settings, partitions)
+        self.interval_ms = settings.redis.ms("checkpoint_interval")
         self.clock_ms = clock_ms
         self.stats = PipelineStats()
         self.owned: dict[int, Owned] = {}
@@ -130,6 +143,7 @@ class Tasks:
                 stored.seq,
                 dict(stored.offsets),
                 (stored.watermark_ms, stored.watermark_ms),
+                durable=dict(stored.offsets),
             )
             resume[p] = dict(stored.offsets)
             log.info(
@@ -142,10 +156,23 @@ class Tasks:
             )
         return resume
 
-    def revoke(self, partitions: Collection[int]) -> None:
+    def revoke(self, partitions: Collection[int], flush: bool = True) -> None:
+        """Release partitions, first checkpointing what they did since the last
+        checkpoint (``flush``; not after a failed batch, whose state is not whole). A
+        failed checkpoint only means the next owner redoes that work."""
         for p in partitions:
+            if flush and p in self.owned:
+                try:
+                    self._checkpoint(p, self.owned[p])
+                except Exception as exc:  # the store is unreachable: nothing is lost
+                    log.warning("partition %d: no checkpoint before release: %s", p, exc)
             if self.owned.pop(p, None) is not None:
                 log.info("partition %d released", p)
+
+    def flush(self) -> None:
+        """Checkpoint every owned partition now (before a clean shutdown)."""
+        for p, owned in list(self.owned.items()):
+            self._checkpoint(p, owned)
 
     def watermark(self) -> int | None:
         """The smallest watermark of the owned partitions (this process's event time)."""
@@ -203,7 +230,11 @@ class Tasks:
                 forward(forwarded)
                 self.stats.repartitioned += len(forwarded)
                 owned.forwarded_ms = now
-            outcome = self._checkpoint(p, owned, bool(mine))
+            owned.done += owned.engine.finalise_due(self.curves.group)
+            owned.consumed = owned.consumed or bool(mine)
+            if not self._checkpoint_due(p, owned, caught_up, now):
+                continue
+            outcome = self._checkpoint(p, owned)
             if outcome is Outcome.FENCED:
                 fenced.append(p)
             elif outcome is Outcome.STALE:
@@ -287,13 +318,29 @@ class Tasks:
                 self._limit[p] = max(self._limit.get(p, NO_LIMIT), usable[-1])
         return {p: self._limit.get(p, NO_LIMIT) for p in self.owned}
 
-    def _checkpoint(self, p: int, owned: Owned, consumed: bool) -> Outcome:
-        """Finalise what is due and write the partition's checkpoint (skipped when
-        nothing changed)."""
+    def _checkpoint_due(self, p: int, owned: Owned, caught_up: Mapping[str, int], now: int) -> bool:
+        """Whether to checkpoint after this poll: every ``redis.checkpoint_interval``
+        while the partition works through a backlog (requests opened and finalised in
+        between never reach the store, and the aggregate increments of several polls go
+        in one write), at once when it is at the end of its inputs (the readout
+        follows live traffic without delay), or when much waits to be written."""
+        last = owned.checkpointed_ms
+        return (
+            last is None
+            or now - last >= self.interval_ms
+            or all(f"{name}:{p}" in caught_up for name in ("impressions", "interactions"))
+            or len(owned.engine.state.changes) >= MAX_PENDING_FIELDS
+        )
+
+    def _checkpoint(self, p: int, owned: Owned) -> Outcome:
+        """Write the partition's checkpoint: its changelog, offsets, event time and the
+        requests finalised since the last one (skipped when nothing changed)."""
         engine = owned.engine
-        done = engine.finalise_due(self.curves.group)
+        done, owned.done = owned.done, []
         changes, counts = engine.take()
+        consumed, owned.consumed = owned.consumed, False
         moved = (engine.watermark_ms, engine.own_ms) != owned.written_marks
+        owned.checkpointed_ms = self.clock_ms()
         if not (consumed or changes or done or counts.duplicates or counts.late or moved):
             return Outcome.WRITTEN
         delta = Delta(
@@ -319,6 +366,7 @@ class Tasks:
             return outcome
         owned.seq += 1
         owned.written_marks = (engine.watermark_ms, engine.own_ms)
+        owned.durable = dict(owned.offsets)
         self.stats.finalised += counts.finalised
         self.stats.duplicates += counts.duplicates
         self.stats.late += counts.late

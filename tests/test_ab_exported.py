@@ -104,7 +104,8 @@ def test_exported_ab_series_over_a_long_run() -> None:
         },
     )
     store = MemoryStore(settings.layout(1))
-    tasks = Tasks(store, settings, 1, clock_ms=FakeClock())
+    clock = FakeClock()  # live traffic: the wall clock follows the data
+    tasks = Tasks(store, settings, 1, clock_ms=clock)
     tasks.assign([0])
     registry = CollectorRegistry()
     registry.register(WindowCollector(store, settings, store.frontier))
@@ -120,6 +121,7 @@ def test_exported_ab_series_over_a_long_run() -> None:
             first = offsets[kind]
             offsets[kind] += len(payloads)
             batch = PartitionBatch(kind, f"{kind}:0", payloads, range(first, offsets[kind]))
+            clock.now += 1_800_000
             tasks.apply([batch], {})
         for p in hour:
             if b'"items"' in p:

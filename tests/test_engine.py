@@ -60,28 +60,37 @@ def run_engine(
     *,
     batch: int = 50,
     restore_every: int = 0,
+    take_every: int = 1,
     now_ms: int = NOW_MS,
 ) -> tuple[PartitionEngine, list[Finalised]]:
-    """Feed a stream in batches; with ``restore_every`` the engine is rebuilt from its
-    accumulated changelog every that many batches (as a new owner would)."""
+    """Feed a stream in batches; the changelog is taken every ``take_every`` batches (a
+    checkpoint), and with ``restore_every`` the engine is rebuilt from the accumulated
+    changelog at every that many checkpoints (as a new owner would), after checking that
+    the rebuilt state equals the engine's own."""
     config = engine_config(settings)
     engine = PartitionEngine(0, config)
     changelog: dict[str, bytes] = {}
     done: list[Finalised] = []
     stream = ordered(events, seed)
+    checkpoints = 0
     for n, start in enumerate(range(0, len(stream), batch)):
         step(engine, stream[start : start + batch], settings)
         done += engine.finalise_due()
+        if n % take_every != take_every - 1:
+            continue
         changes, _ = engine.take()
         for key, value in changes.items():
             if value is None:
-                changelog.pop(key, None)
+                assert key in changelog, f"deletion of {key}, which was never written"
+                del changelog[key]
             else:
                 changelog[key] = value
-        if restore_every and n % restore_every == restore_every - 1:
+        checkpoints += 1
+        if restore_every and checkpoints % restore_every == 0:
             state = PartitionState.restore(
                 changelog.items(), config.finalise.deadline, config.history_cap
             )
+            assert_same_state(state, engine.state)
             engine = PartitionEngine(0, config, state, engine.watermark_ms, engine.input_times())
     for now in (now_ms, now_ms + config.idle_timeout_ms):
         for name in ("impressions", "interactions"):
@@ -89,6 +98,15 @@ def run_engine(
     engine.advance(now_ms + config.idle_timeout_ms)
     done += engine.finalise_due()
     return engine, done
+
+
+def assert_same_state(restored: PartitionState, live: PartitionState) -> None:
+    """Everything the join reads, rebuilt from the changelog, equals the live state."""
+    for name in ("requests", "named", "named_rid", "final", "seen", "exposed"):
+        assert getattr(restored, name) == getattr(live, name), name
+    assert restored.users.keys() == live.users.keys()
+    for uid, user in live.users.items():
+        assert restored.users[uid] == user, uid
 
 
 def totals_of(done: list[Finalised]) -> dict[str, np.ndarray]:
@@ -100,12 +118,16 @@ def totals_of(done: list[Finalised]) -> dict[str, np.ndarray]:
     return totals
 
 
-@pytest.mark.parametrize("restore_every", [0, 3])
+@pytest.mark.parametrize(("restore_every", "take_every"), [(0, 1), (3, 1), (1, 4), (2, 7)])
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_engine_equals_replay(seed: int, restore_every: int, tmp_path) -> None:
+def test_engine_equals_replay(seed: int, restore_every: int, take_every: int, tmp_path) -> None:
+    """Checkpoints after every batch or every few (a request opened and finalised
+    between two of them never reaches the changelog); restored at checkpoints."""
     settings = load_settings(environ={})
     events = generate(seed, requests=400, users=30)
-    engine, done = run_engine(events, settings, seed, restore_every=restore_every)
+    engine, done = run_engine(
+        events, settings, seed, restore_every=restore_every, take_every=take_every
+    )
     report = evaluate_files(*events.write(tmp_path), settings, progress=False)
     compare_totals(totals_of(done), report, settings)
     assert engine.open_requests() == 0

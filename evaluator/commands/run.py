@@ -162,6 +162,7 @@ def run(
     source.subscribe()
     try:
         _loop(source, tasks, health, stop)
+        _flush(source, tasks)
     finally:
         source.close()
         store.close()
@@ -245,13 +246,13 @@ def _loop(source: KafkaSource, tasks: Tasks, health: Health, stop: threading.Eve
                 return
             delay = min(delay * 2, MAX_BACKOFF_S)
             owned = sorted(held & source.assigned_numbers())
-            tasks.revoke(list(held))
+            tasks.revoke(list(held), flush=False)
             fenced, stale = [], owned
         if fenced:
             source.pause(fenced)
         if stale:
             source.seek(_claim(tasks, stale, stop))
-        source.commit_offsets({p: dict(o.offsets) for p, o in tasks.owned.items()})
+        source.commit_offsets({p: dict(o.durable) for p, o in tasks.owned.items()})
         if time.monotonic() >= next_lag:
             try:
                 source.refresh_ends()
@@ -259,6 +260,16 @@ def _loop(source: KafkaSource, tasks: Tasks, health: Health, stop: threading.Eve
             except Exception as exc:  # reported by /readyz; polling retries by itself
                 health.kafka_error = str(exc) or type(exc).__name__
             next_lag = time.monotonic() + ENDS_EVERY_S
+
+
+def _flush(source: KafkaSource, tasks: Tasks) -> None:
+    """A clean stop writes what was done since the last checkpoints (a failure here only
+    means the next owner redoes that work)."""
+    try:
+        tasks.flush()
+        source.commit_offsets({p: dict(o.durable) for p, o in tasks.owned.items()})
+    except Exception as exc:
+        log.warning("no final checkpoint: %s", exc)
 
 
 def _dead_letter(source: KafkaSource, tasks: Tasks) -> Callable[[list[Rejected]], None]:

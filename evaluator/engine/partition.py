@@ -310,20 +310,11 @@ class PartitionEngine:
         return max(times) if times else (self.watermark_ms or 0)
 
     def _with_named(self, request: OpenRequest) -> OpenRequest:
+        """The request with the interactions that named it (it is being closed: its
+        record is not copied, and the interactions are not part of its changelog value)."""
         waiting = self.state.named.get(request.request_id)
-        return OpenRequest(
-            request.request_id,
-            request.user_id,
-            request.variant,
-            request.timestamp_ms,
-            request.items,
-            list(waiting.values()) if waiting else [],
-            request.attributes,
-            request.shadow_variant,
-            request.shadow,
-            request.context,
-            request.randomization,
-        )
+        request.interactions = list(waiting.values()) if waiting else []
+        return request
 
     def _contexts(self, due: Iterable[OpenRequest]) -> dict[str, UserContext]:
         """The due requests' users as finalisation sees them: open impressions (sorted

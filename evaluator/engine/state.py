@@ -82,22 +82,25 @@ def _request_of(rid: str, raw: bytes) -> OpenRequest:
 
 
 def open_request(event: Impression, timestamp_ms: int, attribute: str) -> OpenRequest:
-    """The open request an impression starts (its first shadow ranking by name kept)."""
+    """The open request an impression starts (its first shadow ranking by name kept).
+    It shares the decoded event's lists (the event is not used after)."""
     shadow_variant, shadow = "", []
     if event.shadow:
         shadow_variant = min(event.shadow)
         shadow = list(event.shadow[shadow_variant])
+    attributes = event.item_attributes
     return OpenRequest(
         event.request_id,
         event.user_id,
         event.variant,
         timestamp_ms,
-        list(event.items),
-        attributes=list((event.item_attributes or {}).get(attribute, [])),
-        shadow_variant=shadow_variant,
-        shadow=shadow,
-        context=event.context or "",
-        randomization=event.randomization.key() if event.randomization else None,
+        event.items,
+        [],
+        list(attributes.get(attribute, ())) if attributes else [],
+        shadow_variant,
+        shadow,
+        event.context or "",
+        event.randomization.key() if event.randomization else None,
     )
 
 
@@ -129,6 +132,12 @@ class PartitionState:
     exposure_expiry: list[tuple[int, str]] = field(default_factory=list)
     """Heap of (first exposure time, key), dropped past ``ab.exposure_ttl``."""
     changes: Changes = field(default_factory=dict)
+    born: set[str] = field(default_factory=set)
+    """Changelog fields created since the last flush (absent from the store): deleting
+    one drops it from :attr:`changes` instead of sending a deletion, so a request
+    opened and finalised between two checkpoints never reaches the store."""
+    fresh: dict[str, OpenRequest] = field(default_factory=dict)
+    """Requests opened since the last flush, encoded only if still open at the flush."""
 
     # --- writes -----------------------------------------------------------------
 
@@ -143,18 +152,36 @@ class PartitionState:
         self.requests[rid] = request
         heapq.heappush(self.deadlines, (deadline_ms, rid))
         self.user(request.user_id).open[rid] = request.timestamp_ms
-        self.changes["r:" + rid] = _request_value(request)
+        name = "r:" + rid
+        if name in self.changes:  # a stored field deleted since the last flush
+            self.changes[name] = _request_value(request)
+        else:
+            self.fresh[rid] = request
+
+    def _create(self, name: str, value: bytes) -> None:
+        """Write a field that the store does not hold unless deleted since the flush."""
+        if name not in self.changes:
+            self.born.add(name)
+        self.changes[name] = value
+
+    def _delete(self, name: str) -> None:
+        """Delete a field: a deletion for the store, or nothing if created since the flush."""
+        if name in self.born:
+            self.born.discard(name)
+            del self.changes[name]
+        else:
+            self.changes[name] = None
 
     def add_named(self, rid: str, it: PendingInteraction) -> None:
         self.named.setdefault(rid, {})[it.event_id] = it
         self.named_rid[it.event_id] = rid
         heapq.heappush(self.expiry, (it.timestamp_ms, 3, it.event_id))
-        self.changes["i:" + it.event_id] = _encode((rid, it.item_id, it.timestamp_ms, it.grade))
+        self._create("i:" + it.event_id, _encode((rid, it.item_id, it.timestamp_ms, it.grade)))
 
     def add_loose(self, user_id: str, it: PendingInteraction) -> None:
         self.user(user_id).loose[it.event_id] = it
         heapq.heappush(self.loose_expiry, (it.timestamp_ms, 2, user_id + "\x1f" + it.event_id))
-        self.changes["l:" + it.event_id] = _encode((user_id, it.item_id, it.timestamp_ms, it.grade))
+        self._create("l:" + it.event_id, _encode((user_id, it.item_id, it.timestamp_ms, it.grade)))
 
     def add_history(self, user_id: str, event_id: str, timestamp_ms: int) -> None:
         """Keep the user's earliest ``history_cap`` relevant interactions."""
@@ -209,16 +236,17 @@ class PartitionState:
     def mark_seen(self, event_id: str, timestamp_ms: int) -> None:
         self.seen[event_id] = timestamp_ms
         heapq.heappush(self.expiry, (timestamp_ms, 1, event_id))
-        self.changes["x:" + event_id] = _encode(timestamp_ms)
+        self._create("x:" + event_id, _encode(timestamp_ms))
 
     def close_request(self, rid: str) -> tuple[OpenRequest, list[PendingInteraction]]:
         """Remove an open request and the interactions naming it (being finalised)."""
         request = self.requests.pop(rid)
-        self.changes["r:" + rid] = None
+        if self.fresh.pop(rid, None) is None:
+            self.changes["r:" + rid] = None
         waiting = self.named.pop(rid, {})
         for eid in waiting:
             self.named_rid.pop(eid, None)
-            self.changes["i:" + eid] = None
+            self._delete("i:" + eid)
         user = self.users.get(request.user_id)
         if user is not None:
             user.open.pop(rid, None)
@@ -250,7 +278,7 @@ class PartitionState:
         elif kind == 1:
             if self.seen.get(key) == t:
                 del self.seen[key]
-                self.changes["x:" + key] = None
+                self._delete("x:" + key)
         elif kind == 3:  # a named interaction whose request never came
             rid = self.named_rid.get(key)
             if rid is not None and rid not in self.requests:
@@ -259,13 +287,13 @@ class PartitionState:
                 del waiting[key]
                 if not waiting:
                     del self.named[rid]
-                self.changes["i:" + key] = None
+                self._delete("i:" + key)
         else:
             uid, eid = key.split("\x1f", 1)
             user = self.users.get(uid)
             if user is not None and eid in user.loose:
                 del user.loose[eid]
-                self.changes["l:" + eid] = None
+                self._delete("l:" + eid)
                 self.mark_seen(eid, t)
                 self._drop_if_empty(uid, user)
 
@@ -279,8 +307,13 @@ class PartitionState:
                 self._drop_if_empty(uid, user)
 
     def flush(self) -> Changes:
-        """The changes since the last flush (and forget them)."""
+        """The changes since the last flush (and forget them); requests opened since then
+        and still open are encoded now."""
         out, self.changes = self.changes, {}
+        for rid, request in self.fresh.items():
+            out["r:" + rid] = _request_value(request)
+        self.fresh = {}
+        self.born = set()
         return out
 
     # --- restore ----------------------------------------------------------------

@@ -22,7 +22,7 @@ import hashlib
 import socket
 import struct
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from importlib import resources
 from typing import Any, cast
 from urllib.parse import urlparse
@@ -59,9 +59,20 @@ STATE_SCAN = 10_000
 """Changelog fields read per HSCAN call when a new owner loads a partition."""
 
 
-def _frame(name: bytes, value: bytes) -> bytes:
-    """One changelog field as the checkpoint script reads it (``<Hc0Ic0``)."""
-    return struct.pack("<H", len(name)) + name + struct.pack("<I", len(value)) + value
+_U16 = struct.Struct("<H").pack
+_U32 = struct.Struct("<I").pack
+
+
+def _framed(changes: Mapping[str, bytes | None]) -> bytes:
+    """The written changelog fields as the checkpoint script reads them: per field
+    ``<Hc0Ic0`` (name length, name, value length, value), one argument in all."""
+    parts: list[bytes] = []
+    add = parts.extend
+    for key, value in changes.items():
+        if value is not None:
+            name = key.encode()
+            add((_U16(len(name)), name, _U32(len(value)), value))
+    return b"".join(parts)
 
 
 class LayoutMismatchError(ConfigError):
@@ -277,7 +288,7 @@ class RedisStore:
             increments.append(incs)
             propensity += propensity_increments(done, rows)
             variants.update(r.variant for r in done.requests)
-        written = b"".join(_frame(k.encode(), v) for k, v in delta.changes.items() if v is not None)
+        written = _framed(delta.changes)
         deleted = [k for k, v in delta.changes.items() if v is None]
         meta: list[Any] = []
         for name, offset in delta.offsets.items():

@@ -1,0 +1,19 @@
+"""Process-wide tuning the commands apply at start-up (the core never does this)."""
+
+from __future__ import annotations
+
+import gc
+
+GC_THRESHOLDS = (50_000, 50, 100)
+"""CPython's cyclic collector runs a young-generation pass every 700 net allocations by
+default, and older passes every 10 of those. The engine allocates a few objects per
+event and keeps ~10^5-10^6 long-lived containers (open requests, their item lists,
+markers), none of them in reference cycles (reference counting frees them), so those
+passes find nothing and re-traverse the state over and over: measured, about 40% of
+the live path's CPU. Collections still run, 70x less often; garbage cycles (rare
+here) live a little longer."""
+
+
+def tune_gc() -> None:
+    """Raise the cyclic garbage collector's thresholds (see :data:`GC_THRESHOLDS`)."""
+    gc.set_threshold(*GC_THRESHOLDS)
