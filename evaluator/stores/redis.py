@@ -11,7 +11,7 @@ same layout runs on Redis Cluster:
 - ``c``: exactly-once counters; ``b:``, ``bi:``, ``mod:``, ``ver``: the window
   blocks of the partition's users; ``ps:``, ``psd``: propensity counters.
 
-Coverage sketches (plain, idempotent ``PFADD``/``PFMERGE`` under their own tag)
+Coverage sketches (built in the process, merged with idempotent ``PFMERGE`` under their own tag)
 are written by :mod:`evaluator.stores.redis_sketches` before each checkpoint.
 """
 
@@ -275,8 +275,8 @@ class RedisStore:
 
     def checkpoint(self, partition: int, epoch: int, seq: int, delta: Delta) -> Outcome:
         tag = self.tag(partition)
-        for done in delta.finalised:  # sets: a retry or a fenced write adds nothing twice
-            self._sketches.add(done)
+        # sketches: a retry or a fenced write adds nothing twice
+        self._sketches.add(delta.finalised)
         blocks: list[Any] = []
         increments: list[bytes] = []
         propensity: list[Any] = []
