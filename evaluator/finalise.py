@@ -225,11 +225,10 @@ def finalise(
     )
     earlier = _earlier_relevant(requests, users, config.min_relevant_history)
     cohort = cohort_codes(earlier, config.min_relevant_history) - 1
-    deadlines = np.fromiter(
-        (config.deadline(r.timestamp_ms) for r in requests),
-        dtype=np.int64,
-        count=len(requests),
+    impression_ms = np.fromiter(
+        (r.timestamp_ms for r in requests), dtype=np.int64, count=len(requests)
     )
+    deadlines = impression_ms + config.deadline(0)  # a constant delay after each impression
     codes = encode_top([r.attributes for r in requests], max(config.scoring.ks))
     diversity = np.column_stack(
         [intra_list_diversity(codes[:, :k]) for k in config.scoring.ks]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Literal, cast
 
 Partitioner = Literal["murmur2", "crc32", "trust"]
 CACHE_LIMIT = 1_000_000
@@ -79,12 +79,13 @@ class PartitionOf:
         known, function, n = self._known, self.function, self.partitions
         if function is None:
             raise ValueError("the trust partitioner checks nothing")
-        out = []
-        for uid in user_ids:
-            p = known.get(uid)
-            if p is None:
+        out: list[int | None] = list(map(known.get, user_ids))
+        if None not in out:  # every user seen lately: the common case
+            return cast(list[int], out)
+        for i, uid in enumerate(user_ids):
+            if out[i] is None:
                 if len(known) >= CACHE_LIMIT:
                     known.clear()
-                p = known[uid] = function(uid.encode(), n)
-            out.append(p)
-        return out
+                p = known.get(uid)
+                out[i] = known[uid] = function(uid.encode(), n) if p is None else p
+        return cast(list[int], out)

@@ -103,11 +103,14 @@ class Decoder:
         """Queue the events of other partitions' users; returns the indexes kept.
         ``decoded``: the raw payloads and the invalid ones among them."""
         raws, bad = decoded
+        owners = self.partition_of(users)
+        if owners.count(partition) == len(owners):  # producers keyed by user: all mine
+            return list(range(len(users)))
         invalid = {b.index for b in bad}
         valid = [i for i in range(len(raws)) if i not in invalid]
         tag = KIND_TAG[kind]  # type: ignore[index]
         keep = []
-        for j, (uid, p) in enumerate(zip(users, self.partition_of(users), strict=True)):
+        for j, (uid, p) in enumerate(zip(users, owners, strict=True)):
             if p == partition:
                 keep.append(j)
             else:

@@ -232,7 +232,7 @@ class Tasks:
                 owned.forwarded_ms = now
             owned.done += owned.engine.finalise_due(self.curves.group)
             owned.consumed = owned.consumed or bool(mine)
-            if not self._checkpoint_due(p, owned, caught_up, now):
+            if not (forwarded or self._checkpoint_due(p, owned, caught_up, now)):
                 continue
             outcome = self._checkpoint(p, owned)
             if outcome is Outcome.FENCED:
@@ -323,7 +323,9 @@ class Tasks:
         while the partition works through a backlog (requests opened and finalised in
         between never reach the store, and the aggregate increments of several polls go
         in one write), at once when it is at the end of its inputs (the readout
-        follows live traffic without delay), or when much waits to be written."""
+        follows live traffic without delay), or when much waits to be written. (One
+        that forwarded events checkpoints at once: its mark tells the other partitions
+        to wait for them.)"""
         last = owned.checkpointed_ms
         return (
             last is None

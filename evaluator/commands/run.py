@@ -215,6 +215,7 @@ def _loop(source: KafkaSource, tasks: Tasks, health: Health, stop: threading.Eve
     partitions from their checkpoints and consumes again from there."""
     next_lag = 0.0
     delay = 0.5
+    committed: dict[int, dict[str, int]] = {}
     session_s = parse_duration_ms(source.settings.session_timeout) / 1000.0
     stall_s = max(ASSIGNMENT_TIMEOUT_S, 2 * session_s)
     while not stop.is_set():
@@ -252,7 +253,10 @@ def _loop(source: KafkaSource, tasks: Tasks, health: Health, stop: threading.Eve
             source.pause(fenced)
         if stale:
             source.seek(_claim(tasks, stale, stop))
-        source.commit_offsets({p: dict(o.durable) for p, o in tasks.owned.items()})
+        durable = {p: dict(o.durable) for p, o in tasks.owned.items()}
+        if durable != committed:  # only what a checkpoint moved
+            source.commit_offsets(durable)
+            committed = durable
         if time.monotonic() >= next_lag:
             try:
                 source.refresh_ends()
