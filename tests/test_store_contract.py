@@ -663,23 +663,6 @@ def test_redis_coverage_survives_a_failure_between_sketches_and_checkpoint(
     store.close()
 
 
-def test_selected_positions_pick_the_ranks_of_the_rows() -> None:
-    """The positions of ranks [lo, hi) of chosen rows in the concatenated lists, as
-    slicing each list would give them."""
-    from evaluator.stores.commit_payload import MAX_RANK, selected_positions
-
-    rng = np.random.default_rng(5)
-    lists = [[f"{r}:{j}" for j in range(int(n))] for r, n in enumerate(rng.integers(0, 30, 40))]
-    flat = [item for items in lists for item in items]
-    lengths = np.array([len(items) for items in lists], dtype=np.int64)
-    for lo, hi in ((0, 10), (10, 20), (20, MAX_RANK), (3, 4)):
-        rows = sorted(rng.choice(len(lists), 25, replace=False).tolist())
-        got = [flat[i] for i in selected_positions(lengths, [(rows, lo, hi)]).tolist()]
-        assert got == [item for r in rows for item in lists[r][lo:hi]]
-    both = selected_positions(lengths, [([0, 1], 0, 2), ([2], 1, 3)]).tolist()
-    assert [flat[i] for i in both] == lists[0][:2] + lists[1][:2] + lists[2][1:3]
-
-
 @pytest.mark.parametrize(("index", "value"), [(0, 1), (1, 63), (2, 5), (3, 40), (16383, 51)])
 def test_dense_sketches_are_read_by_redis_register_by_register(
     redis_url: str, key_prefix: str, index: int, value: int

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,6 @@ from evaluator.propensity_estimation import Observation, counter_day, increments
 from evaluator.windows import AggregateLayout
 
 FloatArray = npt.NDArray[np.float64]
-I64 = npt.NDArray[np.int64]
 SketchKey = Callable[[int, int, str, int], str]
 """(window ms, bucket start ms, variant, k) -> sketch key; variant "*" and k 0 for the
 catalogue sketch of the longest window."""
@@ -80,15 +80,10 @@ def merge_increments(parts: list[dict[str, FloatArray]]) -> dict[str, FloatArray
     return out
 
 
-Selection = tuple[list[int], int, int]
-"""Rows of a finalised group and the ranks [lo, hi) of their lists that a sketch gets."""
-
-
 def coverage_updates(
     finalised: Finalised, layout: AggregateLayout, key: SketchKey
-) -> tuple[dict[str, list[Selection]], list[str]]:
-    """Items to add per sketch (as selections of rows and ranks), and flat
-    (destination, source) pairs to merge after.
+) -> tuple[dict[str, set[str]], list[str]]:
+    """Items to add per sketch, and flat (destination, source) pairs to merge after.
 
     Only windows without a :meth:`AggregateLayout.sketch_source` get items, per
     variant and bucket; the others merge the touched sketches of their source
@@ -98,10 +93,12 @@ def coverage_updates(
     sketch of every shown item, merged from its top max(K) sketches plus the items
     beyond max(K), so short lists cost no extra item adds. Merges are listed in
     the order they must run."""
+    lists = [r.items for r in finalised.requests]
     variants = [r.variant for r in finalised.requests]
     ks = sorted(layout.ks)
-    ranges = list(zip([0, *ks], ks, strict=False))
-    picked: dict[str, list[Selection]] = defaultdict(list)
+    # ranks (smaller K, K] of each list, sliced once
+    slices = {k: [items[lo:k] for items in lists] for lo, k in zip([0, *ks], ks, strict=False)}
+    gathered: dict[str, set[str]] = {}
     merges: list[str] = []
     for window in layout.windows_ms:
         if layout.sketch_source(window) is not None:
@@ -110,9 +107,11 @@ def coverage_updates(
         starts = layout.bucket_start(window, finalised.deadline_ms).tolist()
         for (start, variant), rows in _rows_by(starts, variants).items():
             smaller = ""
-            for lo, k in ranges:
+            for k, ranks in slices.items():
                 source = key(window, start, variant, k)
-                picked[source].append((rows, lo, k))
+                added = set(chain.from_iterable(map(ranks.__getitem__, rows)))
+                if added:
+                    gathered[source] = added
                 if smaller:
                     merges += [source, smaller]
                 smaller = source
@@ -128,27 +127,10 @@ def coverage_updates(
     for (start, variant), rows in _rows_by(starts, variants).items():
         catalogue = key(longest, start, "*", 0)
         merges += [catalogue, key(longest, start, variant, widest)]
-        picked[catalogue].append((rows, widest, MAX_RANK))
-    return dict(picked), merges
-
-
-MAX_RANK = 2**31
-"""An upper rank bound past every list."""
-
-
-def selected_positions(lengths: npt.NDArray[np.int64], selections: list[Selection]) -> I64:
-    """Positions, in the lists concatenated, of the items the selections pick."""
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    parts = []
-    for rows, lo, hi in selections:
-        r = np.asarray(rows, dtype=np.int64)
-        first = offsets[r] + lo
-        counts = np.clip(np.minimum(lengths[r], hi) - lo, 0, None)
-        total = int(counts.sum())
-        if total:
-            run_start = np.cumsum(counts) - counts
-            parts.append(np.repeat(first - run_start, counts) + np.arange(total))
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        tails = [lists[r][widest:] for r in rows if len(lists[r]) > widest]
+        if tails:
+            gathered.setdefault(catalogue, set()).update(chain.from_iterable(tails))
+    return gathered, merges
 
 
 def propensity_increments(finalised: Finalised, rows: npt.NDArray[np.intp]) -> list[Any]:

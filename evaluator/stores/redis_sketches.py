@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Collection, Sequence
-from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -18,7 +17,7 @@ import numpy.typing as npt
 
 from evaluator.finalise import Finalised
 from evaluator.sketch import hash_strings
-from evaluator.stores.commit_payload import coverage_updates, selected_positions
+from evaluator.stores.commit_payload import coverage_updates
 from evaluator.windows import AggregateLayout
 
 DENSE_HEADER = b"HYLL" + bytes(4) + bytes(7) + b"\x80"
@@ -31,55 +30,21 @@ TEMPORARY_MS = 60_000
 """Lifetime of a temporary sketch, should its deletion not run."""
 
 
-CACHED_ITEMS = 1_000_000
-"""Items whose register (index and rank) is remembered; the cache restarts past it."""
-
-
-def register_codes(items: Sequence[str]) -> npt.NDArray[np.int64]:
-    """Each item's HyperLogLog register as ``index * 64 + rank``: the items are hashed
-    with :func:`evaluator.sketch.hash_strings` (stable across processes; Redis hashes
-    differently, so every sketch must be built this way), the index is the hash's low
-    14 bits and the rank 1 + the trailing zeros of the bits above, as in Redis."""
-    hashes = hash_strings(items)
-    index = (hashes & _INDEX_MASK).astype(np.int64)
-    rest = (hashes >> np.uint64(14)) | _SENTINEL
-    lowest = rest & (~rest + np.uint64(1))  # a power of two: exact as a double
-    rank = (np.log2(lowest.astype(np.float64)) + 1).astype(np.int64)
-    return index * 64 + rank
-
-
-class RegisterCache:
-    """Item -> register code, computed in batches for the items not seen lately (a
-    catalogue's items recur across requests, so most lookups hit)."""
-
-    def __init__(self, limit: int = CACHED_ITEMS) -> None:
-        self.limit = limit
-        self.known: dict[str, int] = {}
-
-    def codes(self, items: list[str]) -> npt.NDArray[np.int64]:
-        known = self.known
-        found = [known.get(item, -1) for item in items]
-        missing = list({items[i]: None for i, c in enumerate(found) if c < 0})
-        if missing:
-            if len(known) + len(missing) > self.limit:
-                known.clear()
-            known.update(zip(missing, register_codes(missing).tolist(), strict=True))
-            found = [known[item] for item in items]
-        return np.asarray(found, dtype=np.int64)
-
-
-def registers_of(codes: npt.NDArray[np.int64]) -> npt.NDArray[np.uint8]:
-    """The 16,384 registers of a sketch holding items with these register codes."""
-    registers = np.zeros(1 << 14, dtype=np.uint8)
-    np.maximum.at(registers, codes >> 6, (codes & 63).astype(np.uint8))
-    return registers
-
-
 def dense_hll(items: Collection[str]) -> bytes:
     """A HyperLogLog of ``items`` in Redis' dense encoding (16,384 six-bit registers,
     packed least significant bit first), built with numpy instead of one PFADD argument
-    per item (see :func:`register_codes`)."""
-    return dense_encoding(registers_of(register_codes(list(items))))
+    per item: what Redis would store, except that the items are hashed with
+    :func:`evaluator.sketch.hash_strings` (stable across processes), so every sketch
+    must be built this way (a register's rank is 1 + the trailing zeros of the bits
+    above the 14-bit index, as in Redis)."""
+    hashes = hash_strings(list(items))
+    index = (hashes & _INDEX_MASK).astype(np.intp)
+    rest = (hashes >> np.uint64(14)) | _SENTINEL
+    lowest = rest & (~rest + np.uint64(1))  # a power of two: exact as a double
+    rank = (np.log2(lowest.astype(np.float64)) + 1).astype(np.uint8)
+    registers = np.zeros(1 << 14, dtype=np.uint8)
+    np.maximum.at(registers, index, rank)
+    return dense_encoding(registers)
 
 
 def dense_encoding(registers: npt.NDArray[np.uint8]) -> bytes:
@@ -107,7 +72,6 @@ class CoverageSketches:
         self._execute = execute
         self._token = uuid.uuid4().hex
         """Names this process's temporary sketches (other instances write theirs)."""
-        self._cache = RegisterCache()
 
     def key(self, window: int, start: int, variant: str, k: int) -> str:
         return f"{{{self.prefix}:cov}}:{window}:{start}:{variant}:{k}"
@@ -117,28 +81,20 @@ class CoverageSketches:
         then the merges of :func:`coverage_updates`. Plain commands: PFMERGE is
         idempotent, so a retry after a partial failure is harmless and no script is
         needed."""
-        gathered: dict[str, npt.NDArray[np.uint8]] = {}
+        gathered: dict[str, set[str]] = {}
         merges: list[str] = []
         for done in finalised:  # one sketch per key for all of them
-            picked, merged = coverage_updates(done, self.layout, self.key)
-            lists = [r.items for r in done.requests]
-            lengths = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
-            codes = self._cache.codes(list(chain.from_iterable(lists)))
-            for key, selections in picked.items():
-                chosen = codes[selected_positions(lengths, selections)]
-                if chosen.size:
-                    registers = registers_of(chosen)
-                    if key in gathered:
-                        np.maximum(gathered[key], registers, out=registers)
-                    gathered[key] = registers
+            found, merged = coverage_updates(done, self.layout, self.key)
+            for key, items in found.items():
+                gathered.setdefault(key, set()).update(items)
             merges += merged  # each group's in its order (repeats are harmless)
         if not gathered and not merges:
             return
         ttl = self.ttl_s
         pipe = self.client.pipeline(transaction=False)
-        for n, (key, registers) in enumerate(gathered.items()):
+        for n, (key, items) in enumerate(gathered.items()):
             temporary = f"{{{self.prefix}:cov}}:new:{self._token}:{n}"
-            pipe.set(temporary, dense_encoding(registers), px=TEMPORARY_MS)
+            pipe.set(temporary, dense_hll(items), px=TEMPORARY_MS)
             same_slot(pipe, "PFMERGE", [key, temporary])
             pipe.delete(temporary)
             pipe.expire(key, ttl)
