@@ -76,7 +76,8 @@ def main() -> None:
         batch, _ = decode_impressions(payloads[start : start + 5_000])
         engine.ingest(batch, InteractionBatch())
         owned.offsets["impressions"] = start + 5_000
-        tasks._checkpoint(0, owned, True)
+        owned.consumed = True
+        tasks._checkpoint(0, owned)
     process_bytes = tracemalloc.get_traced_memory()[0] / args.requests
     tracemalloc.stop()
     state = f"{{{prefix}:0}}:state"
