@@ -5,8 +5,10 @@ are keyed by user id and co-partitioned), so one engine per partition sees
 everything its requests can join, and the partition's own event time alone
 decides when a request is final. ``evaluator run`` keeps one engine per owned
 partition and checkpoints its changelog, offsets and aggregate increments
-atomically; ``evaluator replay`` and the demo feed the same engine from files
-and the simulator. Pure: no I/O, no clock of its own.
+atomically; the demo feeds the same engine from the simulator. ``evaluator
+replay`` runs the same join, grading, scoring and aggregation functions over a
+whole file at once (not yet this engine: it would be several times slower).
+Pure: no I/O, no clock of its own.
 """
 
 from __future__ import annotations
