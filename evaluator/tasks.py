@@ -331,7 +331,7 @@ class Tasks:
             last is None
             or now - last >= self.interval_ms
             or all(f"{name}:{p}" in caught_up for name in ("impressions", "interactions"))
-            or len(owned.engine.state.changes) >= MAX_PENDING_FIELDS
+            or len(owned.engine.state.changes) + len(owned.engine.state.fresh) >= MAX_PENDING_FIELDS
         )
 
     def _checkpoint(self, p: int, owned: Owned) -> Outcome:
@@ -358,7 +358,13 @@ class Tasks:
             owned.forwarded_ms,
             dict(counts.exposures),
         )
-        outcome = self.store.checkpoint(p, owned.epoch, owned.seq, delta)
+        try:
+            outcome = self.store.checkpoint(p, owned.epoch, owned.seq, delta)
+        except Exception:
+            # what was taken for this write now exists nowhere (and may or may not have
+            # reached the store): only a reload from the store may continue
+            self.owned.pop(p, None)
+            raise
         if outcome is not Outcome.WRITTEN:
             self.owned.pop(p, None)
             if outcome is Outcome.FENCED:

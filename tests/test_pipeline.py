@@ -80,3 +80,39 @@ def test_an_untagged_repartition_payload_is_counted_not_dropped() -> None:
         (7, "undecodable"),
         (8, "undecodable"),
     ]
+
+
+def test_a_failed_checkpoint_drops_its_partition_and_nothing_writes_it_later(
+    tmp_path, make_store
+) -> None:
+    """A checkpoint that raises has taken its changes already: the partition is dropped
+    at once, so a later flush (a clean stop) or revocation cannot write its offsets
+    without them; a new owner resumes from the last checkpoint and the results equal
+    replay."""
+    settings = load_settings(environ={}, overrides={"kafka": {"partitioner": "trust"}})
+    store = make_store(settings.layout(PARTITIONS))
+    events = generate(24)
+    original = store.checkpoint
+    written: list[int] = []
+
+    def failing(partition, *args, **kwargs):
+        written.append(partition)
+        if len(written) == 5:
+            raise ConnectionError("injected: the store went away")
+        return original(partition, *args, **kwargs)
+
+    store.checkpoint = failing
+    tasks = tasks_on(store, settings)
+    with pytest.raises(ConnectionError):
+        feed(tasks, events, 24)
+    dropped = written[-1]
+    assert dropped not in tasks.owned and len(tasks.owned) == PARTITIONS - 1
+    tasks.flush()
+    tasks.revoke(range(PARTITIONS))
+    assert written.count(dropped) == [*written[:4], dropped].count(dropped)  # never again
+    assert len(written) > 5  # the others were written at the flush
+    store.checkpoint = original
+    # a new owner of every partition consumes again from the stored offsets
+    fresh = tasks_on(store, settings)
+    feed(fresh, events, 24)
+    compare_with_replay(store, events, settings, tmp_path)

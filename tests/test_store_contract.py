@@ -675,7 +675,7 @@ def test_dense_sketches_are_read_by_redis_register_by_register(
     client = connect(redis_url)
     registers = np.zeros(1 << 14, dtype=np.uint8)
     registers[index] = value
-    key = f"{{{key_prefix}:cov}}:probe"
+    key = f"{{{key_prefix}:hcov}}:probe"
     client.set(key, dense_encoding(registers))
     assert client.pfcount(key) == 1
     registers[(index + 7) % registers.size] = 2
@@ -691,7 +691,7 @@ def test_dense_sketches_count_and_merge_like_redis_own(redis_url: str, key_prefi
     from evaluator.stores.redis_sketches import dense_hll
 
     client = connect(redis_url)
-    tag = f"{{{key_prefix}:cov}}"
+    tag = f"{{{key_prefix}:hcov}}"
     a = [f"item-{i}" for i in range(30_000)]
     b = [f"item-{i}" for i in range(20_000, 60_000)]
     client.set(f"{tag}:a", dense_hll(a))

@@ -243,11 +243,13 @@ def _loop(source: KafkaSource, tasks: Tasks, health: Health, stop: threading.Eve
         except Exception as exc:  # the store or the DLQ failed: resume from checkpoints
             tasks.stats.store_errors += 1
             log.error("batch failed; reloading partitions from their checkpoints: %s", exc)
+            # their state in memory is not whole: nothing may checkpoint it (not the
+            # stop below, nor a revocation while waiting)
+            tasks.revoke(list(held), flush=False)
             if stop.wait(delay):
                 return
             delay = min(delay * 2, MAX_BACKOFF_S)
             owned = sorted(held & source.assigned_numbers())
-            tasks.revoke(list(held), flush=False)
             fenced, stale = [], owned
         if fenced:
             source.pause(fenced)

@@ -26,6 +26,10 @@ cached cardinality marked invalid (top bit of its last byte), so PFCOUNT compute
 _SHIFTS = np.arange(6, dtype=np.uint8)
 _INDEX_MASK = np.uint64((1 << 14) - 1)
 _SENTINEL = np.uint64(1 << 50)
+SKETCH_TAG = "hcov"
+"""Hash tag of the coverage sketches. Versions that PFADDed items (Redis' own hash) used
+``cov``: new names, so no sketch mixes two hashes (an item would count twice), also
+while two versions run side by side during a rolling upgrade."""
 TEMPORARY_MS = 60_000
 """Lifetime of a temporary sketch, should its deletion not run."""
 
@@ -74,7 +78,7 @@ class CoverageSketches:
         """Names this process's temporary sketches (other instances write theirs)."""
 
     def key(self, window: int, start: int, variant: str, k: int) -> str:
-        return f"{{{self.prefix}:cov}}:{window}:{start}:{variant}:{k}"
+        return f"{{{self.prefix}:{SKETCH_TAG}}}:{window}:{start}:{variant}:{k}"
 
     def add(self, finalised: Sequence[Finalised]) -> None:
         """Per sketch, the new items as one dense sketch (:func:`dense_hll`) merged in,
@@ -93,7 +97,7 @@ class CoverageSketches:
         ttl = self.ttl_s
         pipe = self.client.pipeline(transaction=False)
         for n, (key, items) in enumerate(gathered.items()):
-            temporary = f"{{{self.prefix}:cov}}:new:{self._token}:{n}"
+            temporary = f"{{{self.prefix}:{SKETCH_TAG}}}:new:{self._token}:{n}"
             pipe.set(temporary, dense_hll(items), px=TEMPORARY_MS)
             same_slot(pipe, "PFMERGE", [key, temporary])
             pipe.delete(temporary)
