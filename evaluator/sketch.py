@@ -26,9 +26,33 @@ def _fmix64(h: U64) -> U64:
 
 
 def hash_strings(values: Sequence[str]) -> U64:
-    """Stable 64-bit hashes of strings, vectorised over the batch (loops over characters)."""
+    """Stable 64-bit hashes of strings, vectorised over the batch (loops over characters):
+    FNV-1a over the code points, then :func:`_fmix64`."""
     if len(values) == 0:
         return np.zeros(0, dtype=np.uint64)
+    joined = "".join(values)
+    if not joined.isascii():
+        return _hash_code_points(values)
+    # ASCII: one byte per code point, gathered from one buffer per group of equal length
+    data = np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
+    lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
+    starts = np.cumsum(lengths) - lengths
+    out = np.empty(len(values), dtype=np.uint64)
+    for length in np.flatnonzero(np.bincount(lengths)).tolist():
+        rows = np.flatnonzero(lengths == length)
+        chars = data[np.arange(length)[:, None] + starts[rows]].astype(np.uint64)
+        h = np.full(len(rows), _FNV_OFFSET, dtype=np.uint64)
+        with np.errstate(over="ignore"):
+            for column in chars:
+                h ^= column
+                h *= _FNV_PRIME
+        out[rows] = h
+    with np.errstate(over="ignore"):
+        return _fmix64(out)
+
+
+def _hash_code_points(values: Sequence[str]) -> U64:
+    """:func:`hash_strings` for any strings, through a fixed-width UCS-4 array."""
     arr = np.asarray(values, dtype=np.str_)
     width = arr.dtype.itemsize // 4
     codes = arr.view(np.uint32).reshape(len(arr), width).astype(np.uint64)

@@ -51,6 +51,28 @@ def test_sketch_small_counts_and_merge() -> None:
         a.merge(HyperLogLog(10))
 
 
+def _reference_hash(value: str) -> int:
+    """FNV-1a over the code points, then the 64-bit finaliser, one value at a time."""
+    mask = (1 << 64) - 1
+    h = 0xCBF29CE484222325
+    for ch in value:
+        h = ((h ^ ord(ch)) * 0x100000001B3) & mask
+    for multiplier in (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53):
+        h = ((h ^ (h >> 33)) * multiplier) & mask
+    return h ^ (h >> 33)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        ["p1", "p22", "p333", "", "x" * 40, "p1"],  # ASCII of several lengths: the fast path
+        ["short", "ünïcode-é", "日本", ""],  # any code points
+    ],
+)
+def test_hash_matches_a_per_value_reference(values: list[str]) -> None:
+    assert hash_strings(values).tolist() == [_reference_hash(v) for v in values]
+
+
 def test_hash_is_stable_across_batches_and_unicode_safe() -> None:
     alone = hash_strings(["ünïcode-é"])[0]
     among_longer = hash_strings(["short", "ünïcode-é", "a much longer neighbour string"])[1]

@@ -127,55 +127,67 @@ class PartitionEngine:
 
     def ingest(self, impressions: ImpressionBatch, interactions: InteractionBatch) -> None:
         """Store new events; repeats are duplicates, events for final requests are late."""
+        self._ingest_impressions(impressions)
+        self._ingest_interactions(interactions)
+
+    def _ingest_impressions(self, impressions: ImpressionBatch) -> None:
         state, counts = self.state, self.counts
-        deadline = self.config.finalise.deadline
+        requests, final = state.requests, state.final
+        delay = self.config.finalise.deadline(0)  # a constant delay after each impression
         attribute = self.config.attribute
         # experiments whose records were dropped (ended a horizon ago, by the data's own
         # time, which survives reloads) count nobody again
         data_ms = self.data_time_ms()
         experiments = [e for e in self.config.experiments if not self._over(e, data_ms)]
+        fresh: list[OpenRequest] = []
         for event, ts in zip(impressions.events, impressions.timestamp_ms, strict=True):
             rid = event.request_id
-            if rid in state.requests or rid in state.final:
+            if rid in requests or rid in final:
                 counts.duplicates += 1
                 continue
-            state.add_request(open_request(event, ts, attribute), deadline(ts))
+            request = open_request(event, ts, attribute)
+            requests[rid] = request  # a repeat later in this batch is a duplicate
+            fresh.append(request)
             for experiment in experiments:
                 if experiment.includes(event.variant, ts) and state.expose(
                     experiment.name + SEP + event.user_id, event.variant, ts
                 ):
                     counts.exposures[experiment.name + SEP + event.variant] += 1
+        state.add_requests(fresh, delay)
+
+    def _ingest_interactions(self, interactions: InteractionBatch) -> None:
+        state, counts = self.state, self.counts
+        named_rid, seen, users, final = state.named_rid, state.seen, state.users, state.final
         loose_late_before = self._loose_late_before()
         for it, ts, grade in zip(
             interactions.events, interactions.timestamp_ms, interactions.grade, strict=True
         ):
             eid = it.event_id
-            if eid in state.named_rid or eid in state.seen:
+            if eid in named_rid or eid in seen:
                 counts.duplicates += 1
                 continue
-            user = state.users.get(it.user_id)
+            user = users.get(it.user_id)
             if user is not None and eid in user.loose:
                 counts.duplicates += 1
                 continue
             if grade > 0:
                 state.add_history(it.user_id, eid, ts)
-            pending = PendingInteraction(eid, it.item_id, ts, grade)
             named = it.request_id
             if named:
-                final = state.final.get(named)
-                if final is None:
-                    state.add_named(named, pending)
-                elif eid in final[1]:
+                marker = final.get(named)
+                if marker is None:
+                    state.add_named(named, PendingInteraction(eid, it.item_id, ts, grade))
+                elif eid in marker[1]:
                     counts.duplicates += 1
                 else:
-                    final[1].add(eid)
-                    state.mark_final(named, final[0], final[1])
+                    marker[1].add(eid)
+                    state.mark_final(named, marker[0], marker[1])
                     counts.late += 1
             elif ts < loose_late_before:
                 state.mark_seen(eid, ts)
                 counts.late += 1
             else:
-                state.add_loose(it.user_id, pending)
+                state.add_loose(it.user_id, PendingInteraction(eid, it.item_id, ts, grade))
 
     def _loose_late_before(self) -> int:
         if self.watermark_ms is None:
@@ -271,9 +283,7 @@ class PartitionEngine:
                 done.experiment_rows = experiment_rows(self.config.experiments, done.requests)
                 out.append(done)
             for done in out:
-                for request, d in zip(done.requests, done.deadline_ms.tolist(), strict=True):
-                    _, applied = state.close_request(request.request_id)
-                    state.mark_final(request.request_id, d, {it.event_id for it in applied})
+                state.finish(done.requests, done.deadline_ms.tolist())
                 self.counts.finalised += len(done.requests)
         # markers and histories live for a TTL of the data's own time: an idle partition's
         # watermark follows the wall clock, which must not expire a backfill's markers

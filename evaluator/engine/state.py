@@ -147,16 +147,23 @@ class PartitionState:
             found = self.users[user_id] = UserState()
         return found
 
-    def add_request(self, request: OpenRequest, deadline_ms: int) -> None:
-        rid = request.request_id
-        self.requests[rid] = request
-        heapq.heappush(self.deadlines, (deadline_ms, rid))
-        self.user(request.user_id).open[rid] = request.timestamp_ms
-        name = "r:" + rid
-        if name in self.changes:  # a stored field deleted since the last flush
-            self.changes[name] = _request_value(request)
-        else:
-            self.fresh[rid] = request
+    def add_requests(self, requests: list[OpenRequest], delay_ms: int) -> None:
+        """Open requests (already in :attr:`requests`), each final ``delay_ms`` after its
+        impression."""
+        deadlines, changes, fresh, users = self.deadlines, self.changes, self.fresh, self.users
+        push = heapq.heappush
+        for request in requests:
+            rid, ts = request.request_id, request.timestamp_ms
+            push(deadlines, (ts + delay_ms, rid))
+            user = users.get(request.user_id)
+            if user is None:
+                user = users[request.user_id] = UserState()
+            user.open[rid] = ts
+            name = "r:" + rid
+            if name in changes:  # a stored field deleted since the last flush
+                changes[name] = _request_value(request)
+            else:
+                fresh[rid] = request
 
     def _create(self, name: str, value: bytes) -> None:
         """Write a field that the store does not hold unless deleted since the flush."""
@@ -238,20 +245,28 @@ class PartitionState:
         heapq.heappush(self.expiry, (timestamp_ms, 1, event_id))
         self._create("x:" + event_id, _encode(timestamp_ms))
 
-    def close_request(self, rid: str) -> tuple[OpenRequest, list[PendingInteraction]]:
-        """Remove an open request and the interactions naming it (being finalised)."""
-        request = self.requests.pop(rid)
-        if self.fresh.pop(rid, None) is None:
-            self.changes["r:" + rid] = None
-        waiting = self.named.pop(rid, {})
-        for eid in waiting:
-            self.named_rid.pop(eid, None)
-            self._delete("i:" + eid)
-        user = self.users.get(request.user_id)
-        if user is not None:
-            user.open.pop(rid, None)
-            self._drop_if_empty(request.user_id, user)
-        return request, list(waiting.values())
+    def finish(self, requests: list[OpenRequest], deadlines_ms: list[int]) -> None:
+        """Close finalised requests: remove each with the interactions that named it,
+        and mark it final (its deadline, and the ids of those interactions)."""
+        open_requests, fresh, changes, users = self.requests, self.fresh, self.changes, self.users
+        named, named_rid, final, expiry = self.named, self.named_rid, self.final, self.expiry
+        for request, deadline in zip(requests, deadlines_ms, strict=True):
+            rid = request.request_id
+            del open_requests[rid]
+            if fresh.pop(rid, None) is None:
+                changes["r:" + rid] = None
+            waiting = named.pop(rid, None)
+            applied = set(waiting) if waiting else set()
+            for eid in applied:
+                named_rid.pop(eid, None)
+                self._delete("i:" + eid)
+            user = users.get(request.user_id)
+            if user is not None:
+                user.open.pop(rid, None)
+                self._drop_if_empty(request.user_id, user)
+            final[rid] = (deadline, applied)
+            heapq.heappush(expiry, (deadline, 0, rid))
+            changes["f:" + rid] = _encode((deadline, sorted(applied)))
 
     def _drop_if_empty(self, user_id: str, user: UserState) -> None:
         if user.empty():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
@@ -24,6 +25,7 @@ from evaluator.propensity_estimation import Observation, counter_day, increments
 from evaluator.windows import AggregateLayout
 
 FloatArray = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
 SketchKey = Callable[[int, int, str, int], str]
 """(window ms, bucket start ms, variant, k) -> sketch key; variant "*" and k 0 for the
 catalogue sketch of the longest window."""
@@ -34,22 +36,34 @@ def block_increments(
 ) -> tuple[list[tuple[str, int, int, int]], bytes]:
     """The blocks the given requests add to (name, bucket start, ttl s, window ms), and
     the per-block sums of their rows as little-endian doubles, one block after another."""
-    requests = [finalised.requests[i] for i in rows]
+    requests = finalised.requests
+    codes: dict[str, int] = {}
+    variant = np.fromiter(
+        (codes.setdefault(requests[i].variant, len(codes)) for i in rows.tolist()),
+        dtype=np.int64,
+        count=len(rows),
+    )
+    names = list(codes)
     local = finalised.user_bucket[rows] // layout.shards
     cohort = finalised.cohort[rows]
-    keys: dict[tuple[int, int, str], int] = {}
-    index = np.empty((len(layout.windows_ms), len(requests)), dtype=np.intp)
-    for w_i, window in enumerate(layout.windows_ms):
-        starts = layout.bucket_start(window, finalised.deadline_ms[rows]).tolist()
-        for r_i, (start, request) in enumerate(zip(starts, requests, strict=True)):
-            index[w_i, r_i] = keys.setdefault((window, start, request.variant), len(keys))
-    sums = np.zeros((len(keys), *layout.block_shape))
-    for w_i in range(len(layout.windows_ms)):
-        np.add.at(sums, (index[w_i], cohort, local), finalised.rows[rows])
-    blocks = [
-        (f"{w}:{start}:{variant}", start, (2 * w) // 1000 + 3600, w) for (w, start, variant) in keys
-    ]
-    return blocks, sums.astype("<f8").tobytes()
+    values = finalised.rows[rows]
+    deadlines = finalised.deadline_ms[rows]
+    blocks: list[tuple[str, int, int, int]] = []
+    sums: list[FloatArray] = []
+    for window in layout.windows_ms:
+        width = layout.bucket_width(window)
+        bucket = deadlines // width  # bucket starts are multiples of the width
+        first = int(bucket.min()) if len(bucket) else 0
+        keys, index = np.unique((bucket - first) * len(names) + variant, return_inverse=True)
+        block = np.zeros((len(keys), *layout.block_shape))
+        np.add.at(block, (index.reshape(-1), cohort, local), values)
+        sums.append(block)
+        ttl = (2 * window) // 1000 + 3600
+        for key in keys.tolist():
+            start = (first + key // len(names)) * width
+            blocks.append((f"{window}:{start}:{names[key % len(names)]}", start, ttl, window))
+    data = np.concatenate(sums) if sums else np.zeros((0, *layout.block_shape))
+    return blocks, data.astype("<f8").tobytes()
 
 
 def experiment_increments(finalised: Finalised, layout: AggregateLayout) -> dict[str, FloatArray]:
@@ -80,10 +94,21 @@ def merge_increments(parts: list[dict[str, FloatArray]]) -> dict[str, FloatArray
     return out
 
 
+@dataclass(slots=True)
+class CoverageUpdate:
+    """What one batch of finalised requests adds to the coverage sketches: every shown
+    item once (``items``, flattened in request order), the positions in ``items``
+    each sketch gets, and flat (destination, source) pairs to merge after, in order."""
+
+    items: list[str]
+    added: dict[str, npt.NDArray[np.intp]]
+    merges: list[str]
+
+
 def coverage_updates(
     finalised: Finalised, layout: AggregateLayout, key: SketchKey
-) -> tuple[dict[str, set[str]], list[str]]:
-    """Items to add per sketch, and flat (destination, source) pairs to merge after.
+) -> CoverageUpdate:
+    """Which shown items go to which sketch (as positions), and the merges after.
 
     Only windows without a :meth:`AggregateLayout.sketch_source` get items, per
     variant and bucket; the others merge the touched sketches of their source
@@ -91,46 +116,98 @@ def coverage_updates(
     K, then merges that K's sketch (the top 20 hold the top 10), so each shown
     item is added once, not once per K. The longest window also keeps a catalogue
     sketch of every shown item, merged from its top max(K) sketches plus the items
-    beyond max(K), so short lists cost no extra item adds. Merges are listed in
-    the order they must run."""
-    lists = [r.items for r in finalised.requests]
-    variants = [r.variant for r in finalised.requests]
+    beyond max(K), so short lists cost no extra item adds. Computed over arrays
+    (no per-item Python work): the caller hashes ``items`` once."""
+    requests = finalised.requests
+    lists = [r.items for r in requests]
+    lengths = np.fromiter(map(len, lists), dtype=np.intp, count=len(lists))
+    items = list(chain.from_iterable(lists))
+    row = np.repeat(np.arange(len(lists)), lengths)
+    rank = np.arange(len(items)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     ks = sorted(layout.ks)
-    # ranks (smaller K, K] of each list, sliced once
-    slices = {k: [items[lo:k] for items in lists] for lo, k in zip([0, *ks], ks, strict=False)}
-    gathered: dict[str, set[str]] = {}
-    merges: list[str] = []
+    # cut-off level of each shown item: ranks (ks[j-1], ks[j]] go to the top-ks[j] sketch
+    level = np.searchsorted(np.asarray(ks), rank, side="right")
+    names: dict[str, int] = {}
+    variant = np.fromiter(
+        (names.setdefault(r.variant, len(names)) for r in requests), np.int64, len(requests)
+    )
+    variants = list(names)
+    out = CoverageUpdate(items, {}, [])
     for window in layout.windows_ms:
         if layout.sketch_source(window) is not None:
             continue
         fed = [w for w in layout.windows_ms if layout.sketch_source(w) == window]
-        starts = layout.bucket_start(window, finalised.deadline_ms).tolist()
-        for (start, variant), rows in _rows_by(starts, variants).items():
+        groups, of_row = _groups(layout, window, finalised.deadline_ms, variant, len(variants))
+        # positions of each (group, level), grouped by one stable sort
+        levels = len(ks) + 1  # the last: ranks beyond max(K), in no cut-off's sketch
+        cell = of_row[row] * levels + level
+        order = np.argsort(cell, kind="stable")
+        counts = np.bincount(cell, minlength=len(groups) * levels)
+        bounds = np.cumsum(counts) - counts
+        for g, (start, v) in enumerate(groups):
             smaller = ""
-            for k, ranks in slices.items():
-                source = key(window, start, variant, k)
-                added = set(chain.from_iterable(map(ranks.__getitem__, rows)))
-                if added:
-                    gathered[source] = added
+            for j, k in enumerate(ks):
+                source = key(window, start, variants[v], k)
+                c = g * levels + j
+                if counts[c]:
+                    out.added[source] = order[bounds[c] : bounds[c] + counts[c]]
                 if smaller:
-                    merges += [source, smaller]
+                    out.merges += [source, smaller]
                 smaller = source
                 for longer in fed:
-                    merges += [
-                        key(longer, _longer_start(layout, longer, start), variant, k),
+                    out.merges += [
+                        key(longer, _longer_start(layout, longer, start), variants[v], k),
                         source,
                     ]
-    # the catalogue sketch: every item shown is in some variant's top max(K) sketch
-    # (merged in, after that sketch got this batch's items) or beyond it (added)
+    _catalogue(
+        out,
+        layout,
+        key,
+        deadlines=finalised.deadline_ms,
+        variant=variant,
+        variants=variants,
+        row=row,
+        level=level,
+    )
+    return out
+
+
+def _groups(
+    layout: AggregateLayout, window: int, deadlines: I64, variant: I64, n_variants: int
+) -> tuple[list[tuple[int, int]], I64]:
+    """The distinct (bucket start, variant code) of the requests, and each one's group."""
+    width = layout.bucket_width(window)
+    bucket = deadlines // width  # bucket starts are multiples of the width
+    first = int(bucket.min()) if len(bucket) else 0
+    keys, of_row = np.unique((bucket - first) * n_variants + variant, return_inverse=True)
+    groups = [((first + c // n_variants) * width, c % n_variants) for c in keys.tolist()]
+    return groups, of_row.reshape(-1)
+
+
+def _catalogue(
+    out: CoverageUpdate,
+    layout: AggregateLayout,
+    key: SketchKey,
+    *,
+    deadlines: I64,
+    variant: I64,
+    variants: list[str],
+    row: I64,
+    level: I64,
+) -> None:
+    """The catalogue sketch: every item shown is in some variant's top max(K) sketch
+    (merged in, after that sketch got this batch's items) or beyond it (added)."""
     longest, widest = max(layout.windows_ms), max(layout.ks)
-    starts = layout.bucket_start(longest, finalised.deadline_ms).tolist()
-    for (start, variant), rows in _rows_by(starts, variants).items():
-        catalogue = key(longest, start, "*", 0)
-        merges += [catalogue, key(longest, start, variant, widest)]
-        tails = [lists[r][widest:] for r in rows if len(lists[r]) > widest]
-        if tails:
-            gathered.setdefault(catalogue, set()).update(chain.from_iterable(tails))
-    return gathered, merges
+    groups, _ = _groups(layout, longest, deadlines, variant, len(variants))
+    for start, v in groups:
+        out.merges += [key(longest, start, "*", 0), key(longest, start, variants[v], widest)]
+    beyond = np.flatnonzero(level == len(layout.ks))
+    if not beyond.size:
+        return
+    width = layout.bucket_width(longest)
+    start_of = (deadlines[row[beyond]] // width) * width
+    for start in np.unique(start_of).tolist():
+        out.added[key(longest, start, "*", 0)] = beyond[start_of == start]
 
 
 def propensity_increments(finalised: Finalised, rows: npt.NDArray[np.intp]) -> list[Any]:
@@ -146,14 +223,6 @@ def propensity_increments(finalised: Finalised, rows: npt.NDArray[np.intp]) -> l
         counts = increments(observed, finalised.propensity_positions)
         out += [str(day), [x for pair in counts.items() for x in pair]]
     return out
-
-
-def _rows_by(starts: list[int], variants: list[str] | None) -> dict[tuple[int, str], list[int]]:
-    """Rows grouped by (bucket start, variant); variant "" when ``variants`` is None."""
-    groups: dict[tuple[int, str], list[int]] = defaultdict(list)
-    for row, start in enumerate(starts):
-        groups[(start, variants[row] if variants is not None else "")].append(row)
-    return groups
 
 
 def _longer_start(layout: AggregateLayout, window_ms: int, start_ms: int) -> int:

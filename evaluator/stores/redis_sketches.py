@@ -16,14 +16,13 @@ import numpy as np
 import numpy.typing as npt
 
 from evaluator.finalise import Finalised
-from evaluator.sketch import hash_strings
+from evaluator.sketch import U64, hash_strings
 from evaluator.stores.commit_payload import coverage_updates
 from evaluator.windows import AggregateLayout
 
 DENSE_HEADER = b"HYLL" + bytes(4) + bytes(7) + b"\x80"
 """Redis' dense HyperLogLog header: magic, encoding 0 (dense), 3 unused bytes, and a
 cached cardinality marked invalid (top bit of its last byte), so PFCOUNT computes it."""
-_SHIFTS = np.arange(6, dtype=np.uint8)
 _INDEX_MASK = np.uint64((1 << 14) - 1)
 _SENTINEL = np.uint64(1 << 50)
 SKETCH_TAG = "hcov"
@@ -39,22 +38,36 @@ def dense_hll(items: Collection[str]) -> bytes:
     packed least significant bit first), built with numpy instead of one PFADD argument
     per item: what Redis would store, except that the items are hashed with
     :func:`evaluator.sketch.hash_strings` (stable across processes), so every sketch
-    must be built this way (a register's rank is 1 + the trailing zeros of the bits
-    above the 14-bit index, as in Redis)."""
-    hashes = hash_strings(list(items))
-    index = (hashes & _INDEX_MASK).astype(np.intp)
+    must be built this way."""
+    index, rank = register_ranks(hash_strings(list(items)))
+    return dense_encoding(registers_of([(index, rank)]))
+
+
+def register_ranks(hashes: U64) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.uint8]]:
+    """Each hash's register (its low 14 bits) and rank (1 + the trailing zeros of the
+    bits above them, as Redis counts)."""
     rest = (hashes >> np.uint64(14)) | _SENTINEL
     lowest = rest & (~rest + np.uint64(1))  # a power of two: exact as a double
     rank = (np.log2(lowest.astype(np.float64)) + 1).astype(np.uint8)
+    return (hashes & _INDEX_MASK).astype(np.intp), rank
+
+
+def registers_of(
+    parts: Sequence[tuple[npt.NDArray[np.intp], npt.NDArray[np.uint8]]],
+) -> npt.NDArray[np.uint8]:
+    """The 16,384 registers holding every (register, rank) of ``parts``."""
     registers = np.zeros(1 << 14, dtype=np.uint8)
-    np.maximum.at(registers, index, rank)
-    return dense_encoding(registers)
+    for index, rank in parts:
+        np.maximum.at(registers, index, rank)
+    return registers
 
 
 def dense_encoding(registers: npt.NDArray[np.uint8]) -> bytes:
-    """16,384 register values (0..63) as Redis' dense HyperLogLog string."""
-    bits = (registers[:, None] >> _SHIFTS) & 1
-    return DENSE_HEADER + np.packbits(bits.reshape(-1), bitorder="little").tobytes()
+    """16,384 register values (0..63) as Redis' dense HyperLogLog string: every four
+    six-bit registers fill three bytes, least significant bit first."""
+    r = registers.astype(np.uint32).reshape(-1, 4)
+    packed = r[:, 0] | (r[:, 1] << 6) | (r[:, 2] << 12) | (r[:, 3] << 18)
+    return DENSE_HEADER + packed.astype("<u4").view(np.uint8).reshape(-1, 4)[:, :3].tobytes()
 
 
 class CoverageSketches:
@@ -81,24 +94,25 @@ class CoverageSketches:
         return f"{{{self.prefix}:{SKETCH_TAG}}}:{window}:{start}:{variant}:{k}"
 
     def add(self, finalised: Sequence[Finalised]) -> None:
-        """Per sketch, the new items as one dense sketch (:func:`dense_hll`) merged in,
-        then the merges of :func:`coverage_updates`. Plain commands: PFMERGE is
-        idempotent, so a retry after a partial failure is harmless and no script is
-        needed."""
-        gathered: dict[str, set[str]] = {}
+        """Per sketch, the new items as one dense sketch merged in (every batch's shown
+        items hashed once), then the merges of :func:`coverage_updates`. Plain
+        commands: PFMERGE is idempotent, so a retry after a partial failure is harmless
+        and no script is needed."""
+        gathered: dict[str, list[tuple[npt.NDArray[np.intp], npt.NDArray[np.uint8]]]] = {}
         merges: list[str] = []
         for done in finalised:  # one sketch per key for all of them
-            found, merged = coverage_updates(done, self.layout, self.key)
-            for key, items in found.items():
-                gathered.setdefault(key, set()).update(items)
-            merges += merged  # each group's in its order (repeats are harmless)
+            update = coverage_updates(done, self.layout, self.key)
+            index, rank = register_ranks(hash_strings(update.items))
+            for key, positions in update.added.items():
+                gathered.setdefault(key, []).append((index[positions], rank[positions]))
+            merges += update.merges  # each group's in its order (repeats are harmless)
         if not gathered and not merges:
             return
         ttl = self.ttl_s
         pipe = self.client.pipeline(transaction=False)
-        for n, (key, items) in enumerate(gathered.items()):
+        for n, (key, parts) in enumerate(gathered.items()):
             temporary = f"{{{self.prefix}:{SKETCH_TAG}}}:new:{self._token}:{n}"
-            pipe.set(temporary, dense_hll(items), px=TEMPORARY_MS)
+            pipe.set(temporary, dense_encoding(registers_of(parts)), px=TEMPORARY_MS)
             same_slot(pipe, "PFMERGE", [key, temporary])
             pipe.delete(temporary)
             pipe.expire(key, ttl)

@@ -1,0 +1,116 @@
+"""What a checkpoint adds to blocks and coverage sketches, against per-request references.
+
+The payload functions work over arrays; the references below walk the requests one
+by one, as the documented rules read."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter, defaultdict
+
+import numpy as np
+import pytest
+
+from evaluator.finalise import Finalised, OpenRequest
+from evaluator.stores.commit_payload import block_increments, coverage_updates
+from evaluator.windows import AggregateLayout
+
+T0 = 1_700_000_000_000
+
+
+def _key(window: int, start: int, variant: str, k: int) -> str:
+    return f"{window}:{start}:{variant}:{k}"
+
+
+def _finalised(seed: int, layout: AggregateLayout) -> Finalised:
+    rng = random.Random(seed)
+    n = rng.randrange(1, 200)
+    requests = [
+        OpenRequest(
+            f"r{i}",
+            f"u{i}",
+            rng.choice("ABC"),
+            0,
+            list(dict.fromkeys(f"p{rng.randrange(150)}" for _ in range(rng.randrange(1, 30)))),
+        )
+        for i in range(n)
+    ]
+    deadlines = np.array([T0 + rng.randrange(0, 10**8) for _ in range(n)], dtype=np.int64)
+    rows = np.asarray([[rng.random() for _ in range(layout.row_width)] for _ in range(n)])
+    return Finalised(
+        requests,
+        rows,
+        np.array([rng.randrange(2) for _ in range(n)], dtype=np.int64),
+        np.array([rng.randrange(layout.user_buckets) for _ in range(n)], dtype=np.int64),
+        deadlines,
+        Counter(),
+    )
+
+
+def _start(window: int, t_ms: int, layout: AggregateLayout) -> int:
+    width = layout.bucket_width(window)
+    return t_ms - t_ms % width
+
+
+LAYOUTS = [
+    AggregateLayout(ks=(5, 10, 20), shards=4),
+    AggregateLayout(ks=(10,), shards=4),
+    AggregateLayout(ks=(1, 3), shards=4, windows_ms=(60_000, 600_000)),
+]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("seed", range(8))
+def test_coverage_items_per_sketch_match_the_per_request_rule(
+    layout: AggregateLayout, seed: int
+) -> None:
+    done = _finalised(seed, layout)
+    update = coverage_updates(done, layout, _key)
+    got = {key: {update.items[i] for i in pos.tolist()} for key, pos in update.added.items()}
+    expected: dict[str, set[str]] = defaultdict(set)
+    ks = sorted(layout.ks)
+    longest = max(layout.windows_ms)
+    for request, deadline in zip(done.requests, done.deadline_ms.tolist(), strict=True):
+        for window in layout.windows_ms:
+            if layout.sketch_source(window) is not None:
+                continue
+            start = _start(window, deadline, layout)
+            for lo, k in zip([0, *ks], ks, strict=False):
+                expected[_key(window, start, request.variant, k)].update(request.items[lo:k])
+        catalogue = _key(longest, _start(longest, deadline, layout), "*", 0)
+        expected[catalogue].update(request.items[ks[-1] :])
+    assert got == {k: v for k, v in expected.items() if v}
+    # every touched sketch of a source window nests into the next K and feeds longer windows
+    pairs = Counter(zip(update.merges[::2], update.merges[1::2], strict=True))
+    for key in got:
+        window, start, variant, k = key.split(":")
+        if variant == "*":
+            continue
+        assert any(dst.startswith(f"{longest}:") and dst.endswith(":*:0") for dst, _ in pairs)
+        if int(k) != ks[-1]:
+            bigger = ks[ks.index(int(k)) + 1]
+            assert pairs[(_key(int(window), int(start), variant, bigger), key)] >= 1
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("seed", range(8))
+def test_block_increments_match_per_request_sums(layout: AggregateLayout, seed: int) -> None:
+    done = _finalised(seed, layout)
+    rows = np.arange(len(done.requests), dtype=np.intp)[::2]  # a subset, as for one shard
+    blocks, raw = block_increments(done, rows, layout)
+    sums = np.frombuffer(raw, dtype="<f8").reshape(len(blocks), *layout.block_shape)
+    got = {name: sums[i] for i, (name, *_) in enumerate(blocks)}
+    expected: dict[str, np.ndarray] = {}
+    for r in rows.tolist():
+        request, deadline = done.requests[r], int(done.deadline_ms[r])
+        for window in layout.windows_ms:
+            name = f"{window}:{_start(window, deadline, layout)}:{request.variant}"
+            block = expected.setdefault(name, np.zeros(layout.block_shape))
+            local = int(done.user_bucket[r]) // layout.shards
+            block[int(done.cohort[r]), local] += done.rows[r]
+    assert sorted(got) == sorted(expected)
+    for name, block in expected.items():
+        np.testing.assert_allclose(got[name], block, rtol=1e-12)
+    for name, start, ttl, window in blocks:
+        assert name.startswith(f"{window}:{start}:")
+        assert ttl == (2 * window) // 1000 + 3600
