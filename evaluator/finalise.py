@@ -10,6 +10,7 @@ row per request, ready to be added to window buckets.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -76,11 +77,11 @@ class UserContext:
     Impressions are the user's open ones, sorted by (timestamp, request id).
     """
 
-    impression_ms: list[int] = field(default_factory=list)
-    impression_ids: list[str] = field(default_factory=list)
-    impression_items: list[list[str]] = field(default_factory=list)
-    loose: list[PendingInteraction] = field(default_factory=list)
-    history_ms: list[int] = field(default_factory=list)
+    impression_ms: Sequence[int] = ()
+    impression_ids: Sequence[str] = ()
+    impression_items: Sequence[list[str]] = ()
+    loose: Sequence[PendingInteraction] = ()
+    history_ms: Sequence[int] = ()
 
 
 @dataclass(slots=True)

@@ -51,17 +51,15 @@ class Requests:
 
 
 def dedupe_impressions(batch: ImpressionBatch) -> Requests:
-    """Keep the first impression per ``event_id`` and per ``request_id``."""
-    seen_events: set[str] = set()
+    """Keep the first impression per ``request_id`` (the rule the partition engine
+    applies live: a redelivered impression repeats its request id)."""
     out = Requests()
     by_request = out.by_request
     for event, ts in zip(batch.events, batch.timestamp_ms, strict=True):
-        if event.event_id in seen_events or event.request_id in by_request:
+        if event.request_id in by_request:
             out.duplicates += 1
             continue
-        seen_events.add(event.event_id)
-        row = len(out.events)
-        by_request[event.request_id] = row
+        by_request[event.request_id] = len(out.events)
         out.events.append(event)
         out.timestamp_ms.append(ts)
     return out

@@ -78,12 +78,8 @@ def naive_evaluate(
 ) -> dict[str, Any]:
     """The spec, applied literally: per-variant mean nDCG@k and cohort request counts."""
     imps: dict[str, dict[str, Any]] = {}
-    seen_imp: set[str] = set()
-    for e in events.impressions:
-        if e["event_id"] in seen_imp or e["request_id"] in imps:
-            continue
-        seen_imp.add(e["event_id"])
-        imps[e["request_id"]] = e
+    for e in events.impressions:  # the first impression of each request counts
+        imps.setdefault(e["request_id"], e)
     grades: dict[str, dict[str, int]] = defaultdict(dict)
     relevant: dict[str, list[int]] = defaultdict(list)
     outcomes: dict[str, int] = defaultdict(int)

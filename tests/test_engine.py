@@ -199,3 +199,22 @@ def test_a_limit_holds_the_watermark_and_never_moves_it_back() -> None:
     assert engine.own_ms == 95_000  # what the others wait for is not limited
     assert engine.advance(0, limit_ms=40_000) == 50_000
     assert engine.advance(0) == 95_000
+
+
+def test_engine_and_replay_deduplicate_impressions_by_request_id(tmp_path) -> None:
+    """A redelivered impression repeats its request id and is a duplicate; one that
+    reuses another's event id under a new request id is a request of its own. The
+    engine and replay count the same requests, duplicates and results."""
+    settings = load_settings(environ={})
+    events = generate(7, requests=120, users=15)
+    first, second = events.impressions[0], events.impressions[1]
+    events.impressions += [
+        {**first, "event_id": "imp-resent-with-a-new-id"},  # same request: a duplicate
+        {**second, "request_id": "req-reusing-an-event-id"},  # same event id: a request
+    ]
+    _, done = run_engine(events, settings, 7)
+    report = evaluate_files(*events.write(tmp_path), settings, progress=False)
+    compare_totals(totals_of(done), report, settings)
+    requests = {e["request_id"] for e in events.impressions}
+    assert sum(len(d.requests) for d in done) == len(requests)
+    assert sum(v["requests"] for v in report["variants"].values()) == len(requests)

@@ -338,7 +338,7 @@ class PartitionEngine:
             if uid in out:
                 continue
             user = state.users.get(uid) or UserState()
-            history = [t for t, _ in user.history]
+            history = [t for t, _ in user.history] if user.history else ()
             if not user.loose:  # the user join has nothing to place: history only
                 out[uid] = UserContext(history_ms=history)
                 continue
