@@ -47,12 +47,6 @@ SHORT_IDLE: dict[str, str | None] = {
 }
 
 
-RESTART_IDLE: dict[str, str | None] = {
-    "EVALUATOR_EVENT_TIME__IDLE_TIMEOUT": None,  # 30s: longer than the broker's restart
-    "EVALUATOR_KAFKA__SESSION_TIMEOUT": "10s",
-}
-
-
 def dataset(seed: int, env: LiveEnv) -> tuple[EventSet, list[dict[str, Any]]]:
     """About 8,000 events of 300 users, and the late interactions held back."""
     return live_dataset(seed, env.settings(), requests=3_000, users=300)
@@ -182,11 +176,11 @@ def test_broker_restarted_mid_stream(redis_url, tmp_path, started) -> None:
     broker = KafkaBroker(tmp_path / "kafka")
     broker.start()
     try:
-        # the idle timeout must outlast the producer's pause across the restart: a
-        # partition whose owner sits at the end offset that long is idle by definition,
-        # finalises by the wall clock, and the events after the pause are rightly late
-        # (with 2 s, a slow restart of the producer made a quarter of them late)
-        env = new_env(broker.bootstrap, redis_url, partitions=3, overrides=RESTART_IDLE)
+        # the default timeouts: the idle timeout (30 s) must outlast the producer's pause
+        # across the restart; a partition whose owner sits at the end offset that long
+        # is idle by definition, finalises by the wall clock, and the events after the
+        # pause are rightly late (with 2 s, a slow producer made a quarter of them late)
+        env = new_env(broker.bootstrap, redis_url, partitions=3, overrides=DEFAULTS)
         events, late = dataset(65, env)
         procs, _ = two_instances(env, tmp_path, started)
         half = len(ordered(events, 65)) // 2

@@ -51,17 +51,12 @@ def block_increments(
     blocks: list[tuple[str, int, int, int]] = []
     sums: list[FloatArray] = []
     for window in layout.windows_ms:
-        width = layout.bucket_width(window)
-        bucket = deadlines // width  # bucket starts are multiples of the width
-        first = int(bucket.min()) if len(bucket) else 0
-        keys, index = np.unique((bucket - first) * len(names) + variant, return_inverse=True)
-        block = np.zeros((len(keys), *layout.block_shape))
-        np.add.at(block, (index.reshape(-1), cohort, local), values)
+        groups, of_row = _groups(layout, window, deadlines, variant, len(names))
+        block = np.zeros((len(groups), *layout.block_shape))
+        np.add.at(block, (of_row, cohort, local), values)
         sums.append(block)
         ttl = (2 * window) // 1000 + 3600
-        for key in keys.tolist():
-            start = (first + key // len(names)) * width
-            blocks.append((f"{window}:{start}:{names[key % len(names)]}", start, ttl, window))
+        blocks += [(f"{window}:{start}:{names[v]}", start, ttl, window) for start, v in groups]
     data = np.concatenate(sums) if sums else np.zeros((0, *layout.block_shape))
     return blocks, data.astype("<f8").tobytes()
 
