@@ -77,7 +77,7 @@ class Driver:
             self.partition, self.config, state, stored.watermark_ms, stored.times
         )
 
-    def write(self, done: list[Finalised]) -> StepCounts:
+    def write(self, done: list[Finalised], expect: Outcome = Outcome.WRITTEN) -> StepCounts:
         changes, counts = self.engine.take()
         delta = Delta(
             changes,
@@ -90,7 +90,7 @@ class Driver:
             done,
             exposures=dict(counts.exposures),
         )
-        assert self.store.checkpoint(self.partition, self.epoch, self.seq, delta) is Outcome.WRITTEN
+        assert self.store.checkpoint(self.partition, self.epoch, self.seq, delta) is expect
         self.seq += 1
         return counts
 
@@ -110,12 +110,15 @@ class Driver:
         self.offsets["interactions"] += len(ints.events)
         return self.write([])
 
-    def finalise(self, watermark: int) -> list[Finalised]:
+    def finalise(
+        self, watermark: int, expect: Outcome = Outcome.WRITTEN, reload: bool = True
+    ) -> list[Finalised]:
         """Finalise everything due at ``watermark``; returns what was finalised."""
-        self.reload()
+        if reload:
+            self.reload()
         self.engine.watermark_ms = max(self.engine.watermark_ms or watermark, watermark)
         done = self.engine.finalise_due()
-        self.write(done)
+        self.write(done, expect)
         return done
 
 
@@ -643,11 +646,12 @@ def test_redis_coverage_survives_a_failure_between_sketches_and_checkpoint(
     add = store._sketches.add
     calls: list[int] = []
 
-    def failing_after(finalised) -> None:
+    def failing_after(finalised, receipt) -> bool:
         calls.append(sum(len(done.requests) for done in finalised))
-        add(finalised)
+        wrote = add(finalised, receipt)
         if len(calls) == 1:
             raise RedisConnectionError("injected: Redis went away")
+        return wrote
 
     store._sketches.add = failing_after  # type: ignore[method-assign]
     with pytest.raises(RedisConnectionError):
@@ -661,6 +665,50 @@ def test_redis_coverage_survives_a_failure_between_sketches_and_checkpoint(
     assert counts[("A", 10)] == pytest.approx(4, abs=0.5)
     assert catalog == pytest.approx(4, abs=0.5)
     store.close()
+
+
+def test_redis_refuses_a_checkpoint_whose_sketch_writes_a_restart_lost(tmp_path) -> None:
+    """Redis restarts from an AOF that holds the owner's last checkpoint but not the
+    sketch writes made just before its next one (they reached the old process, the
+    checkpoint reaches the new one, as a client's retry across the restart does): the
+    checkpoint is refused as stale, the owner reloads and finalises those requests
+    again, and no shown item is missing from the coverage sketches."""
+    from evaluator.stores.redis import RedisStore, connect
+    from tests.live import RedisServer
+
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        store = RedisStore(connect(server.url), SETTINGS.layout(), prefix="lost")
+        lists = {"r1": ["a", "b", "c"], "r2": ["c", "d"]}
+        rows = [(rid, f"u{i}", 1_000, items) for i, (rid, items) in enumerate(lists.items())]
+        driver = Driver(store)
+        driver.ingest(impressions(*rows), interactions())
+        driver.reload()  # the owner's claim and last checkpoint are in the AOF ...
+        earlier = server.snapshot()
+        add = store._sketches.add
+
+        def restarted_after(finalised, receipt) -> bool:
+            wrote = add(finalised, receipt)  # ... these writes are not
+            server.kill()
+            server.restore(earlier)
+            server.start()
+            store._load_scripts()  # as any instance does after NOSCRIPT
+            return wrote
+
+        store._sketches.add = restarted_after  # type: ignore[method-assign]
+        driver.finalise(CONFIG.deadline(1_000), expect=Outcome.STALE, reload=False)
+        store._sketches.add = add  # type: ignore[method-assign]
+        assert finalised(driver.finalise(CONFIG.deadline(1_000))) == 2  # open again
+        assert store.counters()["finalised"] == 2
+        window = max(SETTINGS.layout().windows_ms)
+        start = int(SETTINGS.layout().bucket_start(window, np.array([CONFIG.deadline(1_000)]))[0])
+        counts, catalog = store.distinct_items(window, [start], ["A"])
+        assert counts[("A", 10)] == pytest.approx(4, abs=0.5)
+        assert catalog == pytest.approx(4, abs=0.5)
+        store.close()
+    finally:
+        server.kill()
 
 
 @pytest.mark.parametrize(("index", "value"), [(0, 1), (1, 63), (2, 5), (3, 40), (16383, 51)])

@@ -275,8 +275,11 @@ class RedisStore:
 
     def checkpoint(self, partition: int, epoch: int, seq: int, delta: Delta) -> Outcome:
         tag = self.tag(partition)
-        # sketches: a retry or a fenced write adds nothing twice
-        self._sketches.add(delta.finalised)
+        # sketches: a retry or a fenced write adds nothing twice; their receipt must
+        # still be there when the checkpoint runs (not lost with them to a restart)
+        receipt = f"{epoch}:{seq}"
+        if not self._sketches.add(delta.finalised, (tag + "pm", "sk", receipt)):
+            receipt = ""
         blocks: list[Any] = []
         increments: list[bytes] = []
         propensity: list[Any] = []
@@ -335,6 +338,7 @@ class RedisStore:
                 seq,
                 written,
                 b"".join(b.astype("<f8").tobytes() for b in cumulative.values()),
+                receipt,
             ],
         )
         reply = int(self._execute(pipe)[0])

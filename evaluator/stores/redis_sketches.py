@@ -93,11 +93,18 @@ class CoverageSketches:
     def key(self, window: int, start: int, variant: str, k: int) -> str:
         return f"{{{self.prefix}:{SKETCH_TAG}}}:{window}:{start}:{variant}:{k}"
 
-    def add(self, finalised: Sequence[Finalised]) -> None:
+    def add(self, finalised: Sequence[Finalised], receipt: tuple[str, str, str]) -> bool:
         """Per sketch, the new items as one dense sketch merged in (every batch's shown
         items hashed once), then the merges of :func:`coverage_updates`. Plain
         commands: PFMERGE is idempotent, so a retry after a partial failure is harmless
-        and no script is needed."""
+        and no script is needed.
+
+        ``receipt`` (key, field, value) is set last, in the writer's partition: the
+        checkpoint that follows requires it, so a checkpoint is never applied without
+        its sketch writes (Redis restarted between the two from an AOF without the
+        sketches: the checkpoint is refused as stale, and the reloaded owner finalises
+        those requests again). Returns whether anything was written (no receipt
+        otherwise)."""
         gathered: dict[str, list[tuple[npt.NDArray[np.intp], npt.NDArray[np.uint8]]]] = {}
         merges: list[str] = []
         for done in finalised:  # one sketch per key for all of them
@@ -107,7 +114,7 @@ class CoverageSketches:
                 gathered.setdefault(key, []).append((index[positions], rank[positions]))
             merges += update.merges  # each group's in its order (repeats are harmless)
         if not gathered and not merges:
-            return
+            return False
         ttl = self.ttl_s
         pipe = self.client.pipeline(transaction=False)
         for n, (key, parts) in enumerate(gathered.items()):
@@ -119,7 +126,10 @@ class CoverageSketches:
         for i in range(0, len(merges), 2):
             same_slot(pipe, "PFMERGE", merges[i : i + 2])
             pipe.expire(merges[i], ttl)
+        key, field, value = receipt
+        pipe.hset(key, field, value)
         self._execute(pipe)
+        return True
 
     def distinct_items(
         self, window_ms: int, bucket_starts: Sequence[int], variants: Sequence[str]

@@ -15,6 +15,9 @@
 --           instead of two per field, which the client would pack one by one)
 -- ARGV[9] = the increments of each experiment's cumulative block (as ARGV[5]), in the
 --           order of data[8]; data[9]: users first exposed per experiment and variant
+-- ARGV[10] = the receipt (epoch:seq) that this checkpoint's coverage-sketch writes left in
+--           'sk', set after them; '' when it wrote none. Missing: Redis lost them
+--           (restarted from an older AOF between the two), so this must not be applied.
 -- Returns 1 when written; otherwise writes nothing and returns 0 when a newer owner has
 -- claimed the partition, -1 when the stored copy is not the writer's last (lost writes).
 local p = ARGV[1]
@@ -22,6 +25,7 @@ local meta = redis.call('HMGET', KEYS[1], 'epoch', 'seq')
 local epoch, mine = tonumber(meta[1]) or 0, tonumber(ARGV[2])
 if epoch > mine then return 0 end
 if epoch < mine or (tonumber(meta[2]) or 0) ~= tonumber(ARGV[7]) then return -1 end
+if ARGV[10] ~= '' and redis.call('HGET', KEYS[1], 'sk') ~= ARGV[10] then return -1 end
 redis.call('HSET', KEYS[1], 'seq', tonumber(ARGV[7]) + 1)
 local data = cmsgpack.unpack(ARGV[3])
 local state = p .. 'state'
