@@ -81,12 +81,12 @@ class AggregateLayout:
         return t_ms - np.mod(t_ms, width)
 
     def sketch_source(self, window_ms: int) -> int | None:
-        """The window whose bucket sketches are merged into this window's, if any.
+        """The window whose bucket sketches this window's hold the union of, if any.
 
-        Items are added to the shortest window's sketches only; a longer window
-        whose bucket width is a multiple of the shortest's gets them by merging
-        (each short bucket lies inside one long bucket), which costs a fixed
-        merge per bucket instead of every item once more. None: fed directly."""
+        Items are placed in the shortest window's sketches only; a longer window
+        whose bucket width is a multiple of the shortest's holds their union (each
+        short bucket lies inside one long bucket), which costs a register maximum
+        per bucket instead of every item once more. None: fed directly."""
         shortest = min(self.windows_ms)
         if window_ms == shortest:
             return None

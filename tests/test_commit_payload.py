@@ -59,37 +59,47 @@ LAYOUTS = [
 ]
 
 
+def _contents(update) -> dict[str, set[str]]:
+    """Each sketch's items of the batch: its own positions and the sketches it holds
+    (which must come earlier)."""
+    out: dict[str, set[str]] = {}
+    for key, (positions, held) in update.sketches.items():
+        assert all(other in out for other in held), key
+        out[key] = {update.items[i] for i in positions.tolist()}.union(*(out[o] for o in held))
+    return out
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("seed", range(8))
 def test_coverage_items_per_sketch_match_the_per_request_rule(
     layout: AggregateLayout, seed: int
 ) -> None:
+    """Every window's top-K sketch of a (bucket, variant) holds the top K items of the
+    requests whose deadline falls in the bucket; the catalogue, every item shown."""
     done = _finalised(seed, layout)
     update = coverage_updates(done, layout, _key)
-    got = {key: {update.items[i] for i in pos.tolist()} for key, pos in update.added.items()}
     expected: dict[str, set[str]] = defaultdict(set)
-    ks = sorted(layout.ks)
     longest = max(layout.windows_ms)
     for request, deadline in zip(done.requests, done.deadline_ms.tolist(), strict=True):
         for window in layout.windows_ms:
-            if layout.sketch_source(window) is not None:
-                continue
             start = _start(window, deadline, layout)
-            for lo, k in zip([0, *ks], ks, strict=False):
-                expected[_key(window, start, request.variant, k)].update(request.items[lo:k])
-        catalogue = _key(longest, _start(longest, deadline, layout), "*", 0)
-        expected[catalogue].update(request.items[ks[-1] :])
-    assert got == {k: v for k, v in expected.items() if v}
-    # every touched sketch of a source window nests into the next K and feeds longer windows
-    pairs = Counter(zip(update.merges[::2], update.merges[1::2], strict=True))
-    for key in got:
-        window, start, variant, k = key.split(":")
-        if variant == "*":
-            continue
-        assert any(dst.startswith(f"{longest}:") and dst.endswith(":*:0") for dst, _ in pairs)
-        if int(k) != ks[-1]:
-            bigger = ks[ks.index(int(k)) + 1]
-            assert pairs[(_key(int(window), int(start), variant, bigger), key)] >= 1
+            for k in layout.ks:
+                expected[_key(window, start, request.variant, k)].update(request.items[:k])
+        expected[_key(longest, _start(longest, deadline, layout), "*", 0)].update(request.items)
+    got = _contents(update)
+    assert {k: v for k, v in got.items() if v} == {k: v for k, v in expected.items() if v}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_each_shown_item_is_placed_once_per_window_fed_by_items(layout: AggregateLayout) -> None:
+    """Cut-offs nest and longer windows are unions: an item within max(K) is placed in
+    registers once per window fed by items, one beyond it once (the catalogue)."""
+    done = _finalised(3, layout)
+    update = coverage_updates(done, layout, _key)
+    direct = [w for w in layout.windows_ms if layout.sketch_source(w) is None]
+    placed = sum(len(positions) for positions, _ in update.sketches.values())
+    beyond = sum(max(0, len(r.items) - max(layout.ks)) for r in done.requests)
+    assert placed == (len(update.items) - beyond) * len(direct) + beyond
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -92,26 +92,28 @@ def merge_increments(parts: list[dict[str, FloatArray]]) -> dict[str, FloatArray
 @dataclass(slots=True)
 class CoverageUpdate:
     """What one batch of finalised requests adds to the coverage sketches: every shown
-    item once (``items``, flattened in request order), the positions in ``items``
-    each sketch gets, and flat (destination, source) pairs to merge after, in order."""
+    item once (``items``, flattened in request order) and, per sketch the batch
+    touches, the positions in ``items`` added to it directly and the sketches (earlier
+    in ``sketches``) whose items of this batch it holds too."""
 
     items: list[str]
-    added: dict[str, npt.NDArray[np.intp]]
-    merges: list[str]
+    sketches: dict[str, tuple[npt.NDArray[np.intp], list[str]]]
 
 
 def coverage_updates(
     finalised: Finalised, layout: AggregateLayout, key: SketchKey
 ) -> CoverageUpdate:
-    """Which shown items go to which sketch (as positions), and the merges after.
+    """Which shown items go to which sketch (as positions, and unions of other sketches).
 
-    Only windows without a :meth:`AggregateLayout.sketch_source` get items, per
-    variant and bucket; the others merge the touched sketches of their source
-    window. Cut-offs nest: the top-K sketch gets the ranks after the next smaller
-    K, then merges that K's sketch (the top 20 hold the top 10), so each shown
-    item is added once, not once per K. The longest window also keeps a catalogue
-    sketch of every shown item, merged from its top max(K) sketches plus the items
-    beyond max(K), so short lists cost no extra item adds. Computed over arrays
+    Windows without a :meth:`AggregateLayout.sketch_source` get items, per variant
+    and bucket; the others hold the union of their source window's sketches inside
+    their bucket. Cut-offs nest: the top-K sketch gets the ranks after the next
+    smaller K and holds that K's sketch (the top 20 hold the top 10), so each shown
+    item is placed once, not once per K. The longest window also keeps a catalogue
+    sketch of every shown item: the union of its top max(K) sketches plus the items
+    beyond max(K). The writer builds each sketch's part of the batch in the process
+    and merges it into the stored sketch once: no merges between stored sketches,
+    each of which costs Redis a pass over all 16,384 registers. Computed over arrays
     (no per-item Python work): the caller hashes ``items`` once."""
     requests = finalised.requests
     lists = [r.items for r in requests]
@@ -127,11 +129,13 @@ def coverage_updates(
         (names.setdefault(r.variant, len(names)) for r in requests), np.int64, len(requests)
     )
     variants = list(names)
-    out = CoverageUpdate(items, {}, [])
+    out = CoverageUpdate(items, {})
+    longest, widest = max(layout.windows_ms), max(ks)
+    tops: dict[int, list[str]] = {}  # longest-window bucket -> its top max(K) sketches
+    placed: list[tuple[int, int, str, int, str]] = []  # (window, start, variant, k, name)
     for window in layout.windows_ms:
         if layout.sketch_source(window) is not None:
             continue
-        fed = [w for w in layout.windows_ms if layout.sketch_source(w) == window]
         groups, of_row = _groups(layout, window, finalised.deadline_ms, variant, len(variants))
         # positions of each (group, level), grouped by one stable sort
         levels = len(ks) + 1  # the last: ranks beyond max(K), in no cut-off's sketch
@@ -140,30 +144,29 @@ def coverage_updates(
         counts = np.bincount(cell, minlength=len(groups) * levels)
         bounds = np.cumsum(counts) - counts
         for g, (start, v) in enumerate(groups):
-            smaller = ""
+            smaller: list[str] = []
             for j, k in enumerate(ks):
-                source = key(window, start, variants[v], k)
+                name = key(window, start, variants[v], k)
                 c = g * levels + j
-                if counts[c]:
-                    out.added[source] = order[bounds[c] : bounds[c] + counts[c]]
-                if smaller:
-                    out.merges += [source, smaller]
-                smaller = source
-                for longer in fed:
-                    out.merges += [
-                        key(longer, _longer_start(layout, longer, start), variants[v], k),
-                        source,
-                    ]
-    _catalogue(
-        out,
-        layout,
-        key,
-        deadlines=finalised.deadline_ms,
-        variant=variant,
-        variants=variants,
-        row=row,
-        level=level,
-    )
+                out.sketches[name] = (order[bounds[c] : bounds[c] + counts[c]], smaller)
+                placed.append((window, start, variants[v], k, name))
+                smaller = [name]
+            if window == longest:
+                tops.setdefault(start, []).append(smaller[0])
+    nothing = np.zeros(0, dtype=np.intp)
+    for window in layout.windows_ms:
+        source = layout.sketch_source(window)
+        for w, start, shown_by, k, name in placed if source is not None else ():
+            if w != source:
+                continue
+            long_start = _longer_start(layout, window, start)
+            longer = key(window, long_start, shown_by, k)
+            if longer not in out.sketches:
+                out.sketches[longer] = (nothing, [])
+                if window == longest and k == widest:
+                    tops.setdefault(long_start, []).append(longer)
+            out.sketches[longer][1].append(name)
+    _catalogue(out, layout, key, tops, deadlines=finalised.deadline_ms, row=row, level=level)
     return out
 
 
@@ -183,26 +186,23 @@ def _catalogue(
     out: CoverageUpdate,
     layout: AggregateLayout,
     key: SketchKey,
+    tops: dict[int, list[str]],
     *,
     deadlines: I64,
-    variant: I64,
-    variants: list[str],
     row: I64,
     level: I64,
 ) -> None:
-    """The catalogue sketch: every item shown is in some variant's top max(K) sketch
-    (merged in, after that sketch got this batch's items) or beyond it (added)."""
-    longest, widest = max(layout.windows_ms), max(layout.ks)
-    groups, _ = _groups(layout, longest, deadlines, variant, len(variants))
-    for start, v in groups:
-        out.merges += [key(longest, start, "*", 0), key(longest, start, variants[v], widest)]
+    """The catalogue sketch of each longest-window bucket: every item shown is in some
+    variant's top max(K) sketch of that bucket (``tops``, held as a union) or beyond
+    max(K) (added)."""
+    longest = max(layout.windows_ms)
     beyond = np.flatnonzero(level == len(layout.ks))
-    if not beyond.size:
-        return
     width = layout.bucket_width(longest)
     start_of = (deadlines[row[beyond]] // width) * width
-    for start in np.unique(start_of).tolist():
-        out.added[key(longest, start, "*", 0)] = beyond[start_of == start]
+    added = {s: beyond[start_of == s] for s in np.unique(start_of).tolist()}
+    nothing = np.zeros(0, dtype=np.intp)
+    for start in sorted(set(tops) | set(added)):
+        out.sketches[key(longest, start, "*", 0)] = (added.get(start, nothing), tops.get(start, []))
 
 
 def propensity_increments(finalised: Finalised, rows: npt.NDArray[np.intp]) -> list[Any]:

@@ -94,10 +94,10 @@ class CoverageSketches:
         return f"{{{self.prefix}:{SKETCH_TAG}}}:{window}:{start}:{variant}:{k}"
 
     def add(self, finalised: Sequence[Finalised], receipt: tuple[str, str, str]) -> bool:
-        """Per sketch, the new items as one dense sketch merged in (every batch's shown
-        items hashed once), then the merges of :func:`coverage_updates`. Plain
-        commands: PFMERGE is idempotent, so a retry after a partial failure is harmless
-        and no script is needed.
+        """Each touched sketch's part of the batches, built in the process (every
+        batch's shown items hashed once, unions as register maxima), merged into the
+        stored sketch with one ``PFMERGE``: idempotent, so a retry after a partial
+        failure is harmless and no script is needed.
 
         ``receipt`` (key, field, value) is set last, in the writer's partition: the
         checkpoint that follows requires it, so a checkpoint is never applied without
@@ -105,27 +105,31 @@ class CoverageSketches:
         sketches: the checkpoint is refused as stale, and the reloaded owner finalises
         those requests again). Returns whether anything was written (no receipt
         otherwise)."""
-        gathered: dict[str, list[tuple[npt.NDArray[np.intp], npt.NDArray[np.uint8]]]] = {}
-        merges: list[str] = []
-        for done in finalised:  # one sketch per key for all of them
+        built: dict[str, npt.NDArray[np.uint8]] = {}
+        for done in finalised:
             update = coverage_updates(done, self.layout, self.key)
             index, rank = register_ranks(hash_strings(update.items))
-            for key, positions in update.added.items():
-                gathered.setdefault(key, []).append((index[positions], rank[positions]))
-            merges += update.merges  # each group's in its order (repeats are harmless)
-        if not gathered and not merges:
+            mine: dict[str, npt.NDArray[np.uint8]] = {}
+            for key, (positions, held) in update.sketches.items():
+                registers = registers_of([(index[positions], rank[positions])])
+                for other in held:
+                    np.maximum(registers, mine[other], out=registers)
+                mine[key] = registers
+            for key, registers in mine.items():
+                if key in built:
+                    np.maximum(built[key], registers, out=built[key])
+                else:
+                    built[key] = registers
+        written = [(key, registers) for key, registers in built.items() if registers.any()]
+        if not written:
             return False
-        ttl = self.ttl_s
         pipe = self.client.pipeline(transaction=False)
-        for n, (key, parts) in enumerate(gathered.items()):
+        for n, (key, registers) in enumerate(written):
             temporary = f"{{{self.prefix}:{SKETCH_TAG}}}:new:{self._token}:{n}"
-            pipe.set(temporary, dense_encoding(registers_of(parts)), px=TEMPORARY_MS)
+            pipe.set(temporary, dense_encoding(registers), px=TEMPORARY_MS)
             same_slot(pipe, "PFMERGE", [key, temporary])
             pipe.delete(temporary)
-            pipe.expire(key, ttl)
-        for i in range(0, len(merges), 2):
-            same_slot(pipe, "PFMERGE", merges[i : i + 2])
-            pipe.expire(merges[i], ttl)
+            pipe.expire(key, self.ttl_s)
         key, field, value = receipt
         pipe.hset(key, field, value)
         self._execute(pipe)
