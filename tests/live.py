@@ -241,7 +241,16 @@ class RedisServer:
 
     def snapshot(self) -> Path:
         """A copy of the AOF as it is now (a file being appended may end mid-command:
-        Redis loads such a tail truncated, as after a crash)."""
+        Redis loads such a tail truncated, as after a crash), once Redis has written
+        what it already acknowledged to the file (with ``everysec`` it postpones that
+        write, up to 2 s, while a slow background fsync runs)."""
+
+        def written() -> bool:
+            info = ["redis-cli", "-p", str(self.port), "info", "persistence"]
+            out = subprocess.run(info, capture_output=True, text=True, check=False).stdout
+            return "aof_buffer_length:0" in out.replace("\r", "")
+
+        wait_until(written, 30, "redis-server wrote its AOF buffer")
         copy = self.directory.with_name(self.directory.name + "-snapshot")
         shutil.copytree(self.directory / "appendonlydir", copy / "appendonlydir")
         return copy

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import socket
-import struct
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from importlib import resources
@@ -59,20 +58,20 @@ STATE_SCAN = 10_000
 """Changelog fields read per HSCAN call when a new owner loads a partition."""
 
 
-_U16 = struct.Struct("<H").pack
-_U32 = struct.Struct("<I").pack
-
-
-def _framed(changes: Mapping[str, bytes | None]) -> bytes:
-    """The written changelog fields as the checkpoint script reads them: per field
-    ``<Hc0Ic0`` (name length, name, value length, value), one argument in all."""
-    parts: list[bytes] = []
-    add = parts.extend
-    for key, value in changes.items():
-        if value is not None:
-            name = key.encode()
-            add((_U16(len(name)), name, _U32(len(value)), value))
-    return b"".join(parts)
+def _framed(changes: Mapping[str, bytes | None]) -> tuple[bytes, bytes, bytes]:
+    """The written changelog fields as the checkpoint script reads them: per field the
+    name's and the value's length in bytes (little-endian uint32 pairs), then all
+    names and all values, each concatenated (three arguments instead of two per field,
+    which the client would pack one by one; built without per-field packing)."""
+    names = [k for k, v in changes.items() if v is not None]
+    values = [v for v in changes.values() if v is not None]
+    joined = "".join(names).encode()
+    name_len = np.fromiter(map(len, names), dtype=np.uint32, count=len(names))
+    if len(joined) != int(name_len.sum()):  # some name is not ASCII: count its bytes
+        name_len = np.fromiter((len(n.encode()) for n in names), dtype=np.uint32)
+    value_len = np.fromiter(map(len, values), dtype=np.uint32, count=len(values))
+    lengths = np.column_stack((name_len, value_len)).astype("<u4").tobytes()
+    return lengths, joined, b"".join(values)
 
 
 class LayoutMismatchError(ConfigError):
@@ -291,7 +290,7 @@ class RedisStore:
             increments.append(incs)
             propensity += propensity_increments(done, rows)
             variants.update(r.variant for r in done.requests)
-        written = _framed(delta.changes)
+        lengths, names, values = _framed(delta.changes)
         deleted = [k for k, v in delta.changes.items() if v is None]
         meta: list[Any] = []
         for name, offset in delta.offsets.items():
@@ -336,9 +335,11 @@ class RedisStore:
                 b"".join(increments),
                 self.propensity_history_ms,
                 seq,
-                written,
+                lengths,
                 b"".join(b.astype("<f8").tobytes() for b in cumulative.values()),
                 receipt,
+                names,
+                values,
             ],
         )
         reply = int(self._execute(pipe)[0])

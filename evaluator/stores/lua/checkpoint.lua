@@ -10,9 +10,10 @@
 -- ARGV[4] = doubles per block   ARGV[5] = the blocks' increments (little-endian doubles,
 --           one block after another)   ARGV[6] = propensity history ms
 -- ARGV[7] = checkpoints the writer has written (seq): this one must follow it
--- ARGV[8] = changelog fields written, framed: per field a little-endian uint16 name
---           length, the name, a uint32 value length, the value (raw bytes; one argument
---           instead of two per field, which the client would pack one by one)
+-- ARGV[8] = per changelog field written, its name's and value's length in bytes
+--           (little-endian uint32 pairs); ARGV[11] and ARGV[12]: the names, and the
+--           values, each concatenated (raw bytes: three arguments instead of two per
+--           field, which the client would pack one by one)
 -- ARGV[9] = the increments of each experiment's cumulative block (as ARGV[5]), in the
 --           order of data[8]; data[9]: users first exposed per experiment and variant
 -- ARGV[10] = the receipt (epoch:seq) that this checkpoint's coverage-sketch writes left in
@@ -29,12 +30,16 @@ if ARGV[10] ~= '' and redis.call('HGET', KEYS[1], 'sk') ~= ARGV[10] then return 
 redis.call('HSET', KEYS[1], 'seq', tonumber(ARGV[7]) + 1)
 local data = cmsgpack.unpack(ARGV[3])
 local state = p .. 'state'
-local written, blob, at = {}, ARGV[8], 1
-while at <= #blob do
-  local name, value, nxt = struct.unpack('<Hc0Ic0', blob, at)
-  written[#written + 1] = name
-  written[#written + 1] = value
-  at = nxt
+local written, lens, names, values = {}, ARGV[8], ARGV[11], ARGV[12]
+local a, b, fields = 1, 1, #lens / 8
+for first = 0, fields - 1, 2000 do  -- 2 x 2000 lengths per unpack (Lua's limit ~8000)
+  local n = math.min(2000, fields - first)
+  local len = {struct.unpack('<' .. string.rep('I', 2 * n), lens, first * 8 + 1)}
+  for j = 1, 2 * n, 2 do
+    written[#written + 1] = string.sub(names, a, a + len[j] - 1)
+    written[#written + 1] = string.sub(values, b, b + len[j + 1] - 1)
+    a, b = a + len[j], b + len[j + 1]
+  end
 end
 chunked('HSET', state, written)
 chunked('HDEL', state, data[2])
