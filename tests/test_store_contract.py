@@ -629,6 +629,17 @@ def test_redis_scripts_are_reloaded_after_a_script_flush(redis_url: str, key_pre
     store.close()
 
 
+def assert_all_four_items_counted(store) -> None:
+    """Both requests (r1: a b c, r2: c d, impressions at 1 s) were finalised once, and
+    the coverage sketches hold their four distinct items."""
+    assert store.counters()["finalised"] == 2
+    window = max(SETTINGS.layout().windows_ms)
+    start = int(SETTINGS.layout().bucket_start(window, np.array([CONFIG.deadline(1_000)]))[0])
+    counts, catalog = store.distinct_items(window, [start], ["A"])
+    assert counts[("A", 10)] == pytest.approx(4, abs=0.5)
+    assert catalog == pytest.approx(4, abs=0.5)
+
+
 def test_redis_coverage_survives_a_failure_between_sketches_and_checkpoint(
     redis_url: str, key_prefix: str
 ) -> None:
@@ -658,12 +669,7 @@ def test_redis_coverage_survives_a_failure_between_sketches_and_checkpoint(
         Driver(store).finalise(CONFIG.deadline(1_000))
     assert finalised(Driver(store).finalise(CONFIG.deadline(1_000))) == 2  # still open
     assert calls == [2, 2]
-    assert store.counters()["finalised"] == 2
-    window = max(SETTINGS.layout().windows_ms)
-    start = int(SETTINGS.layout().bucket_start(window, np.array([CONFIG.deadline(1_000)]))[0])
-    counts, catalog = store.distinct_items(window, [start], ["A"])
-    assert counts[("A", 10)] == pytest.approx(4, abs=0.5)
-    assert catalog == pytest.approx(4, abs=0.5)
+    assert_all_four_items_counted(store)
     store.close()
 
 
@@ -700,12 +706,7 @@ def test_redis_refuses_a_checkpoint_whose_sketch_writes_a_restart_lost(tmp_path)
         driver.finalise(CONFIG.deadline(1_000), expect=Outcome.STALE, reload=False)
         store._sketches.add = add  # type: ignore[method-assign]
         assert finalised(driver.finalise(CONFIG.deadline(1_000))) == 2  # open again
-        assert store.counters()["finalised"] == 2
-        window = max(SETTINGS.layout().windows_ms)
-        start = int(SETTINGS.layout().bucket_start(window, np.array([CONFIG.deadline(1_000)]))[0])
-        counts, catalog = store.distinct_items(window, [start], ["A"])
-        assert counts[("A", 10)] == pytest.approx(4, abs=0.5)
-        assert catalog == pytest.approx(4, abs=0.5)
+        assert_all_four_items_counted(store)
         store.close()
     finally:
         server.kill()
