@@ -26,6 +26,8 @@ from evaluator.windows import AggregateLayout
 
 FloatArray = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
+_NOTHING = np.zeros(0, dtype=np.intp)
+"""No positions: a sketch that only holds the union of others (never modified)."""
 SketchKey = Callable[[int, int, str, int], str]
 """(window ms, bucket start ms, variant, k) -> sketch key; variant "*" and k 0 for the
 catalogue sketch of the longest window."""
@@ -153,7 +155,6 @@ def coverage_updates(
                 smaller = [name]
             if window == longest:
                 tops.setdefault(start, []).append(smaller[0])
-    nothing = np.zeros(0, dtype=np.intp)
     for window in layout.windows_ms:
         source = layout.sketch_source(window)
         for w, start, shown_by, k, name in placed if source is not None else ():
@@ -162,7 +163,7 @@ def coverage_updates(
             long_start = _longer_start(layout, window, start)
             longer = key(window, long_start, shown_by, k)
             if longer not in out.sketches:
-                out.sketches[longer] = (nothing, [])
+                out.sketches[longer] = (_NOTHING, [])
                 if window == longest and k == widest:
                     tops.setdefault(long_start, []).append(longer)
             out.sketches[longer][1].append(name)
@@ -200,9 +201,9 @@ def _catalogue(
     width = layout.bucket_width(longest)
     start_of = (deadlines[row[beyond]] // width) * width
     added = {s: beyond[start_of == s] for s in np.unique(start_of).tolist()}
-    nothing = np.zeros(0, dtype=np.intp)
     for start in sorted(set(tops) | set(added)):
-        out.sketches[key(longest, start, "*", 0)] = (added.get(start, nothing), tops.get(start, []))
+        catalogue = key(longest, start, "*", 0)
+        out.sketches[catalogue] = (added.get(start, _NOTHING), tops.get(start, []))
 
 
 def propensity_increments(finalised: Finalised, rows: npt.NDArray[np.intp]) -> list[Any]:
