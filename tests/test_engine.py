@@ -6,6 +6,7 @@ import json
 import random
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -62,6 +63,7 @@ def run_engine(
     restore_every: int = 0,
     take_every: int = 1,
     now_ms: int = NOW_MS,
+    changelog: dict[str, bytes] | None = None,
 ) -> tuple[PartitionEngine, list[Finalised]]:
     """Feed a stream in batches; the changelog is taken every ``take_every`` batches (a
     checkpoint), and with ``restore_every`` the engine is rebuilt from the accumulated
@@ -69,7 +71,7 @@ def run_engine(
     the rebuilt state equals the engine's own."""
     config = engine_config(settings)
     engine = PartitionEngine(0, config)
-    changelog: dict[str, bytes] = {}
+    changelog = {} if changelog is None else changelog
     done: list[Finalised] = []
     stream = ordered(events, seed)
     checkpoints = 0
@@ -78,13 +80,7 @@ def run_engine(
         done += engine.finalise_due()
         if n % take_every != take_every - 1:
             continue
-        changes, _ = engine.take()
-        for key, value in changes.items():
-            if value is None:
-                assert key in changelog, f"deletion of {key}, which was never written"
-                del changelog[key]
-            else:
-                changelog[key] = value
+        apply_changes(changelog, engine.take()[0])
         checkpoints += 1
         if restore_every and checkpoints % restore_every == 0:
             state = PartitionState.restore(
@@ -98,6 +94,16 @@ def run_engine(
     engine.advance(now_ms + config.idle_timeout_ms)
     done += engine.finalise_due()
     return engine, done
+
+
+def apply_changes(changelog: dict[str, bytes], changes: dict[str, bytes | None]) -> None:
+    """What a store does with a checkpoint's changelog fields."""
+    for key, value in changes.items():
+        if value is None:
+            assert key in changelog, f"deletion of {key}, which was never written"
+            del changelog[key]
+        else:
+            changelog[key] = value
 
 
 def assert_same_state(restored: PartitionState, live: PartitionState) -> None:
@@ -125,12 +131,43 @@ def test_engine_equals_replay(seed: int, restore_every: int, take_every: int, tm
     between two of them never reaches the changelog); restored at checkpoints."""
     settings = load_settings(environ={})
     events = generate(seed, requests=400, users=30)
+    changelog: dict[str, bytes] = {}
     engine, done = run_engine(
-        events, settings, seed, restore_every=restore_every, take_every=take_every
+        events,
+        settings,
+        seed,
+        restore_every=restore_every,
+        take_every=take_every,
+        changelog=changelog,
     )
     report = evaluate_files(*events.write(tmp_path), settings, progress=False)
     compare_totals(totals_of(done), report, settings)
     assert engine.open_requests() == 0
+    apply_changes(changelog, engine.take()[0])
+    # every request segment went once all its requests were final
+    assert [key for key in changelog if key[0] in "rs"] == []
+
+
+def test_requests_stored_one_field_each_load_and_go_when_final() -> None:
+    """A partition written before request segments holds one ``r:`` field per open
+    request: they load as open, and each field is deleted when its request is final."""
+    settings = load_settings(environ={})
+    config = engine_config(settings)
+    later = 10 * 86_400_000
+    fields = [
+        (f"r:{rid}", msgspec.msgpack.encode((user, "a", ts, ["x", "y"], [], "", [], "", None)))
+        for rid, user, ts in (("q1", "u1", 1_000), ("q2", "u2", later))
+    ]
+    state = PartitionState.restore(fields, config.finalise.deadline, config.history_cap)
+    assert sorted(state.requests) == ["q1", "q2"]
+    engine = PartitionEngine(0, config, state)
+    engine.watermark_ms = config.finalise.deadline(1_000)
+    done = engine.finalise_due()
+    assert [r.request_id for d in done for r in d.requests] == ["q1"]
+    changes, _ = engine.take()
+    assert changes["r:q1"] is None
+    assert "r:q2" not in changes
+    assert not [key for key in changes if key.startswith("s:")]  # nothing new opened
 
 
 def test_engine_counts_duplicates_and_late(tmp_path) -> None:

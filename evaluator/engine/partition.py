@@ -285,6 +285,7 @@ class PartitionEngine:
             for done in out:
                 state.finish(done.requests, done.deadline_ms.tolist())
                 self.counts.finalised += len(done.requests)
+        state.finalised_through(watermark)
         # markers and histories live for a TTL of the data's own time: an idle partition's
         # watermark follows the wall clock, which must not expire a backfill's markers
         # (a late redelivery would then count as new instead of late)

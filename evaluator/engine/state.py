@@ -7,11 +7,19 @@ history), each user's first exposure per experiment, and markers of what was
 finalised or counted late (so a redelivery is a duplicate, not new). Pure: no I/O.
 
 Every change is recorded as a field of the partition's changelog
-(``r:<request>``, ``i:<event>``, ``l:<event>``, ``h:<user>``, ``f:<request>``,
+(``s:<n>``, ``i:<event>``, ``l:<event>``, ``h:<user>``, ``f:<request>``,
 ``x:<event>``, ``e:<experiment US user>``), with the field's new encoded value or
-``None`` for a deletion. A store keeps those fields as one hash per partition: the hash *is* the
-compacted changelog, and :meth:`PartitionState.restore` rebuilds the state from
-it exactly.
+``None`` for a deletion. A store keeps those fields as one hash per partition: the
+hash *is* the compacted changelog, and :meth:`PartitionState.restore` rebuilds the
+state from it exactly.
+
+Open requests are written as segments, not one field each: ``s:<n>`` holds the
+requests opened between two checkpoints and still open at the second, and is
+deleted once the watermark has passed every deadline in it. A request is final
+exactly when the watermark passes its deadline, and every checkpoint follows the
+finalisation at its watermark, so a restored row is open exactly while the
+checkpointed watermark is before its deadline: finalising a request writes
+nothing for its row (one field and one encoding per checkpoint, not per request).
 """
 
 from __future__ import annotations
@@ -48,25 +56,25 @@ class UserState:
         return not (self.open or self.loose or self.history)
 
 
-def _request_value(r: OpenRequest) -> bytes:
-    rnd = list(r.randomization) if r.randomization else None
-    return _encode(
-        (
-            r.user_id,
-            r.variant,
-            r.timestamp_ms,
-            r.items,
-            r.attributes,
-            r.shadow_variant,
-            r.shadow,
-            r.context,
-            rnd,
-        )
+def _request_row(r: OpenRequest) -> tuple[Any, ...]:
+    """An open request as one row of a segment (its id first)."""
+    return (
+        r.request_id,
+        r.user_id,
+        r.variant,
+        r.timestamp_ms,
+        r.items,
+        r.attributes,
+        r.shadow_variant,
+        r.shadow,
+        r.context,
+        list(r.randomization) if r.randomization else None,
     )
 
 
-def _request_of(rid: str, raw: bytes) -> OpenRequest:
-    uid, variant, ts, items, attrs, shadow_variant, shadow, context, rnd = _decode(raw)
+def _request_of(rid: str, fields: list[Any]) -> OpenRequest:
+    """An open request from a segment row (without its id) or a legacy ``r:`` value."""
+    uid, variant, ts, items, attrs, shadow_variant, shadow, context, rnd = fields
     return OpenRequest(
         rid,
         uid,
@@ -138,6 +146,18 @@ class PartitionState:
     opened and finalised between two checkpoints never reaches the store."""
     fresh: dict[str, OpenRequest] = field(default_factory=dict)
     """Requests opened since the last flush, encoded only if still open at the flush."""
+    segments: list[tuple[int, str]] = field(default_factory=list)
+    """Heap of (largest deadline, field name) of the stored request segments: a segment
+    is deleted once the watermark has passed every deadline in it."""
+    next_segment: int = 0
+    legacy: set[str] = field(default_factory=set)
+    """Open requests restored from per-request ``r:`` fields (written by versions before
+    segments): their field is deleted when they are finalised."""
+    delay_ms: int = 0
+    """A request's deadline after its impression (set by :meth:`add_requests`)."""
+    finalised_ms: int | None = None
+    """Every request whose deadline is at or before this was finalised (the watermark
+    of the latest finalisation; field ``w:``)."""
 
     # --- writes -----------------------------------------------------------------
 
@@ -150,7 +170,8 @@ class PartitionState:
     def add_requests(self, requests: list[OpenRequest], delay_ms: int) -> None:
         """Open requests (already in :attr:`requests`), each final ``delay_ms`` after its
         impression."""
-        deadlines, changes, fresh, users = self.deadlines, self.changes, self.fresh, self.users
+        deadlines, fresh, users = self.deadlines, self.fresh, self.users
+        self.delay_ms = delay_ms
         push = heapq.heappush
         for request in requests:
             rid, ts = request.request_id, request.timestamp_ms
@@ -159,11 +180,7 @@ class PartitionState:
             if user is None:
                 user = users[request.user_id] = UserState()
             user.open[rid] = ts
-            name = "r:" + rid
-            if name in changes:  # a stored field deleted since the last flush
-                changes[name] = _request_value(request)
-            else:
-                fresh[rid] = request
+            fresh[rid] = request
 
     def _create(self, name: str, value: bytes) -> None:
         """Write a field that the store does not hold unless deleted since the flush."""
@@ -250,10 +267,12 @@ class PartitionState:
         and mark it final (its deadline, and the ids of those interactions)."""
         open_requests, fresh, changes, users = self.requests, self.fresh, self.changes, self.users
         named, named_rid, final, expiry = self.named, self.named_rid, self.final, self.expiry
+        legacy = self.legacy
         for request, deadline in zip(requests, deadlines_ms, strict=True):
             rid = request.request_id
             del open_requests[rid]
-            if fresh.pop(rid, None) is None:
+            if fresh.pop(rid, None) is None and legacy and rid in legacy:
+                legacy.discard(rid)
                 changes["r:" + rid] = None
             waiting = named.pop(rid, None)
             applied = set(waiting) if waiting else set()
@@ -267,6 +286,17 @@ class PartitionState:
             final[rid] = (deadline, applied)
             heapq.heappush(expiry, (deadline, 0, rid))
             changes["f:" + rid] = _encode((deadline, sorted(applied)))
+
+    def finalised_through(self, watermark_ms: int) -> None:
+        """Record that every request due at ``watermark_ms`` is finalised, and delete the
+        stored segments whose requests are all final."""
+        if self.finalised_ms is not None and watermark_ms <= self.finalised_ms:
+            return
+        self.finalised_ms = watermark_ms
+        self.changes["w:"] = _encode(watermark_ms)
+        heap = self.segments
+        while heap and heap[0][0] <= watermark_ms:
+            self.changes[heapq.heappop(heap)[1]] = None
 
     def _drop_if_empty(self, user_id: str, user: UserState) -> None:
         if user.empty():
@@ -325,11 +355,30 @@ class PartitionState:
         """The changes since the last flush (and forget them); requests opened since then
         and still open are encoded now."""
         out, self.changes = self.changes, {}
-        for rid, request in self.fresh.items():
-            out["r:" + rid] = _request_value(request)
+        if self.fresh:
+            self._write_fresh(out)
         self.fresh = {}
         self.born = set()
         return out
+
+    def _write_fresh(self, out: Changes) -> None:
+        """The requests opened since the last flush: one segment, except those already
+        due (opened behind the finalisation, not yet finalised), one ``r:`` field each."""
+        fresh = list(self.fresh.values())
+        delay, through = self.delay_ms, self.finalised_ms
+        if through is not None:
+            behind = [r for r in fresh if r.timestamp_ms + delay <= through]
+            if behind:
+                for r in behind:
+                    out["r:" + r.request_id] = _encode(_request_row(r)[1:])
+                    self.legacy.add(r.request_id)
+                fresh = [r for r in fresh if r.timestamp_ms + delay > through]
+        if fresh:
+            name = f"s:{self.next_segment}"
+            self.next_segment += 1
+            out[name] = _encode([_request_row(r) for r in fresh])
+            last = max(r.timestamp_ms for r in fresh) + delay
+            heapq.heappush(self.segments, (last, name))
 
     # --- restore ----------------------------------------------------------------
 
@@ -342,14 +391,21 @@ class PartitionState:
     ) -> PartitionState:
         """Rebuild the state from its changelog fields (``deadline``: impression time ->
         finalisation deadline)."""
-        state = cls(history_cap=history_cap)
+        state = cls(history_cap=history_cap, delay_ms=deadline(0))
+        rows: list[list[Any]] = []
         for name, raw in fields:
             kind, key = name[0], name[2:]
-            if kind == "r":
-                request = _request_of(key, raw)
-                state.requests[key] = request
-                state.deadlines.append((deadline(request.timestamp_ms), key))
-                state.user(request.user_id).open[key] = request.timestamp_ms
+            if kind == "s":
+                segment = _decode(raw)
+                rows += segment
+                last = max(deadline(row[3]) for row in segment)
+                state.segments.append((last, name))
+                state.next_segment = max(state.next_segment, int(key) + 1)
+            elif kind == "r":
+                rows.append([key, *_decode(raw)])
+                state.legacy.add(key)
+            elif kind == "w":
+                state.finalised_ms = _decode(raw)
             elif kind == "i":
                 rid, item, ts, grade = _decode(raw)
                 state.named.setdefault(rid, {})[key] = PendingInteraction(key, item, ts, grade)
@@ -373,11 +429,31 @@ class PartitionState:
                 t = _decode(raw)
                 state.seen[key] = t
                 state.expiry.append((t, 1, key))
+        state._reopen(rows, deadline)
+        heapq.heapify(state.segments)
         heapq.heapify(state.deadlines)
         heapq.heapify(state.expiry)
         heapq.heapify(state.loose_expiry)
         heapq.heapify(state.exposure_expiry)
         return state
+
+    def _reopen(self, rows: list[list[Any]], deadline: Any) -> None:
+        """The open requests among stored rows: a segment's row is final once the
+        finalisation has passed its deadline, an ``r:`` field's once it is marked final."""
+        through = self.finalised_ms
+        for row in rows:
+            rid, ts = row[0], row[3]
+            d = deadline(ts)
+            if rid in self.legacy:
+                if rid in self.final:  # its field should have gone with it
+                    self.legacy.discard(rid)
+                    self.changes["r:" + rid] = None
+                    continue
+            elif (through is not None and d <= through) or rid in self.final:
+                continue
+            self.requests[rid] = _request_of(rid, row[1:])
+            self.deadlines.append((d, rid))
+            self.user(row[1]).open[rid] = ts
 
 
 def decode_fields(raw: Mapping[Any, bytes]) -> list[tuple[str, bytes]]:
