@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import NamedTuple
 
 import numpy as np
@@ -72,7 +73,7 @@ class OpenRequest:
 
 @dataclass(slots=True)
 class UserContext:
-    """What the user-based join and the cold-start rule need about one user.
+    """What the user-based join needs about one user with request-less interactions.
 
     Impressions are the user's open ones, sorted by (timestamp, request id).
     """
@@ -81,7 +82,16 @@ class UserContext:
     impression_ids: Sequence[str] = ()
     impression_items: Sequence[list[str]] = ()
     loose: Sequence[PendingInteraction] = ()
-    history_ms: Sequence[int] = ()
+
+
+@dataclass(slots=True)
+class History:
+    """The cold-start histories of the due requests' users, as columns: each user's
+    code, and one (user code, time) entry per relevant interaction kept."""
+
+    codes: dict[str, int] = field(default_factory=dict)
+    user: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    ms: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 @dataclass(slots=True)
@@ -173,17 +183,18 @@ def _loose(
     return out
 
 
-def _earlier_relevant(requests: list[OpenRequest], users: dict[str, UserContext], cap: int) -> I64:
+def _earlier_relevant(
+    requests: list[OpenRequest], history: History, request_ms: I64, cap: int
+) -> I64:
     """Relevant interactions of each request's user before its impression (the same
     vectorised count ``evaluator replay`` uses)."""
-    codes = {user: i for i, user in enumerate(users)}
-    history_user = np.fromiter(
-        (codes[u] for u, ctx in users.items() for _ in ctx.history_ms), dtype=np.int64
+    codes = history.codes
+    request_user = np.fromiter(
+        map(codes.get, [r.user_id for r in requests], repeat(-1)),
+        dtype=np.int64,
+        count=len(requests),
     )
-    history_ms = np.fromiter((t for ctx in users.values() for t in ctx.history_ms), dtype=np.int64)
-    request_user = np.array([codes.get(r.user_id, len(codes)) for r in requests], dtype=np.int64)
-    request_ms = np.array([r.timestamp_ms for r in requests], dtype=np.int64)
-    return earlier_counts(history_user, history_ms, request_user, request_ms, cap)
+    return earlier_counts(history.user, history.ms, request_user, request_ms, cap)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,8 +219,12 @@ def finalise(
     users: dict[str, UserContext],
     config: FinaliseConfig,
     partition: int | None = None,
+    history: History | None = None,
 ) -> Finalised:
     """Score due requests; the caller adds the rows to the window buckets atomically.
+
+    ``users``: the due requests' users with request-less interactions; ``history``:
+    their cold-start histories (None: none).
 
     ``partition``: the requests belong to that partition's shard (the partition-owned
     engine); None: users are spread over shards by hash (the shared-state pipeline)."""
@@ -224,11 +239,12 @@ def finalise(
         arr[:, 2],
         config.scoring,
     )
-    earlier = _earlier_relevant(requests, users, config.min_relevant_history)
-    cohort = cohort_codes(earlier, config.min_relevant_history) - 1
     impression_ms = np.fromiter(
         (r.timestamp_ms for r in requests), dtype=np.int64, count=len(requests)
     )
+    cap = config.min_relevant_history
+    earlier = _earlier_relevant(requests, history or History(), impression_ms, cap)
+    cohort = cohort_codes(earlier, cap) - 1
     deadlines = impression_ms + config.deadline(0)  # a constant delay after each impression
     codes = encode_top([r.attributes for r in requests], max(config.scoring.ks))
     diversity = np.column_stack(

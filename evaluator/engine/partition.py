@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from evaluator.engine.state import Changes, PartitionState, UserState, open_request
+import numpy as np
+
+from evaluator.engine.state import Changes, PartitionState, open_request
 from evaluator.events import ImpressionBatch, InteractionBatch
 from evaluator.experiments import SEP, Experiment, experiment_rows
 from evaluator.finalise import (
     FinaliseConfig,
     Finalised,
+    History,
     OpenRequest,
     PendingInteraction,
     UserContext,
@@ -274,11 +277,11 @@ class PartitionEngine:
                 due.append(state.requests[rid])
         out: list[Finalised] = []
         if due:
-            contexts = self._contexts(due)
+            joined, history = self._contexts(due)
             groups = configure(due) if configure else [(self.config.finalise, due)]
             for config, group in groups:
                 loaded = [self._with_named(r) for r in group]
-                done = finalise(loaded, contexts, config, partition=self.partition)
+                done = finalise(loaded, joined, config, self.partition, history)
                 self.counts.outcomes.update(done.outcomes)
                 done.experiment_rows = experiment_rows(self.config.experiments, done.requests)
                 out.append(done)
@@ -329,29 +332,33 @@ class PartitionEngine:
         request.interactions = list(waiting.values()) if waiting else []
         return request
 
-    def _contexts(self, due: Iterable[OpenRequest]) -> dict[str, UserContext]:
-        """The due requests' users as finalisation sees them: open impressions (sorted
-        by time, then id), loose interactions and cold-start history."""
+    def _contexts(self, due: list[OpenRequest]) -> tuple[dict[str, UserContext], History]:
+        """The due requests' users as finalisation sees them: for those with loose
+        interactions, their open impressions (sorted by time, then id) and those
+        interactions; for all, their cold-start histories."""
         state = self.state
-        out: dict[str, UserContext] = {}
-        for request in due:
-            uid = request.user_id
-            if uid in out:
+        codes = {uid: code for code, uid in enumerate(dict.fromkeys([r.user_id for r in due]))}
+        joined: dict[str, UserContext] = {}
+        history_user: list[int] = []
+        history_ms: list[int] = []
+        for code, (uid, user) in enumerate(zip(codes, map(state.users.get, codes), strict=True)):
+            if user is None:
                 continue
-            user = state.users.get(uid) or UserState()
-            history = [t for t, _ in user.history] if user.history else ()
-            if not user.loose:  # the user join has nothing to place: history only
-                out[uid] = UserContext(history_ms=history)
-                continue
-            ordered = sorted((ts, rid) for rid, ts in user.open.items())
-            out[uid] = UserContext(
-                impression_ms=[ts for ts, _ in ordered],
-                impression_ids=[rid for _, rid in ordered],
-                impression_items=[state.requests[rid].items for _, rid in ordered],
-                loose=sorted(user.loose.values()),
-                history_ms=history,
-            )
-        return out
+            if user.history:
+                history_user += [code] * len(user.history)
+                history_ms += [t for t, _ in user.history]
+            if user.loose:
+                ordered = sorted((ts, rid) for rid, ts in user.open.items())
+                joined[uid] = UserContext(
+                    impression_ms=[ts for ts, _ in ordered],
+                    impression_ids=[rid for _, rid in ordered],
+                    impression_items=[state.requests[rid].items for _, rid in ordered],
+                    loose=sorted(user.loose.values()),
+                )
+        history = History(
+            codes, np.array(history_user, dtype=np.int64), np.array(history_ms, dtype=np.int64)
+        )
+        return joined, history
 
     def _sweep_history(self, watermark: int) -> None:
         """Expire cold-start histories past their TTL, once per TTL/10 of event time."""
