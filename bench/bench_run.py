@@ -8,7 +8,8 @@ Each repeat produces the same events to fresh topics (4 partitions each), then
    (no decoding): the ceiling;
 2. starts `python -m evaluator run` and times it from its first committed offset
    until every offset is committed (each after its partition's checkpoint, state
-   durable in Redis) and the finalised count has settled (each checkpoint
+   durable in Redis), every partition's checkpointed watermark has reached its
+   inputs' event time and the finalised count has settled (each checkpoint
    finalises what its partition's event time made due).
 It also reports the CPU time per event of the plain consumer, the evaluator
 process and Redis over the same intervals: unlike rates, CPU time barely moves
@@ -134,6 +135,31 @@ class Measured(NamedTuple):
     """CPU µs per event of the Redis server over the same interval."""
 
 
+OUT_OF_ORDERNESS_MS = 5_000
+"""event_time.max_out_of_orderness of the measured evaluator (its default)."""
+
+
+def caught_up(client: redis.Redis, name: str) -> bool:
+    """Whether every partition has finalised all that the data allows while its inputs
+    are busy (the rest waits for them to go idle): its own watermark has reached the
+    smaller of its inputs' largest event times minus the out-of-orderness, and its
+    watermark the smallest own watermark of all partitions (the bound that holds
+    partitions back while events may be forwarded between them)."""
+    own: list[int] = []
+    marks: list[int] = []
+    for shard in range(SHARDS):
+        raw = client.hgetall(f"{{{name}:{shard}}}:pm")
+        meta = {k.decode(): int(v) for k, v in raw.items() if k.startswith((b"t:", b"wm", b"ow"))}
+        times = [v for k, v in meta.items() if k.startswith("t:")]
+        if not times or "wm" not in meta or "ow" not in meta:
+            return False
+        if meta["ow"] < min(times) - OUT_OF_ORDERNESS_MS:
+            return False
+        own.append(meta["ow"])
+        marks.append(meta["wm"])
+    return min(marks) >= min(own)
+
+
 def evaluator_rate(bootstrap: str, redis_url: str, name: str, total: int, log: Path) -> Measured:
     env = {
         "EVALUATOR_PROPENSITY__ESTIMATOR": ESTIMATOR,
@@ -173,8 +199,9 @@ def evaluator_rate(bootstrap: str, redis_url: str, name: str, total: int, log: P
             if count != last:
                 last, changed_at = count, now
             # finalisation runs beside ingestion: the run ends when every offset is
-            # committed and the finalised count has settled (the quiet time not counted)
-            if offsets_at is not None and now - changed_at > SETTLE_S:
+            # committed, every partition has finalised what its data allows and the
+            # finalised count has settled (the quiet time not counted)
+            if offsets_at is not None and now - changed_at > SETTLE_S and caught_up(client, name):
                 events = total - first
                 return Measured(
                     events / (max(offsets_at, changed_at) - start),
