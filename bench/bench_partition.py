@@ -9,7 +9,7 @@ checkpoints them to Redis in batches of 5,000, nothing finalised. Reported: the
 partition state hash's ``MEMORY USAGE`` (every field counted) per open request,
 the process's traced allocations per open request (tracemalloc, the engine's
 state only), and the median over repeats of claim + load + rebuild by a new
-owner (``Tasks.assign``).
+owner (``Tasks.assign``), with the garbage collector tuned as ``evaluator run`` tunes it.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from _common import machine
 
 from evaluator.config import load_settings
 from evaluator.events import InteractionBatch, decode_impressions
+from evaluator.runtime import tune_gc
 from evaluator.stores.redis import RedisStore, connect
 from evaluator.tasks import Tasks
 
@@ -61,6 +62,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    tune_gc()  # as `evaluator run` does at start-up
     url = os.environ["REDIS_URL"]
     settings = load_settings(environ={})
     prefix = f"bench-part-{uuid.uuid4().hex[:6]}"

@@ -27,6 +27,7 @@ from evaluator.engine.state import PartitionState
 from evaluator.finalise import Finalised
 from evaluator.partitioner import PartitionOf
 from evaluator.routing import Decoder, Forwarded
+from evaluator.runtime import long_lived
 from evaluator.stores.base import StateStore
 from evaluator.timeutil import parse_duration_ms
 
@@ -132,10 +133,11 @@ class Tasks:
         resume: dict[int, dict[str, int]] = {}
         for p in sorted(partitions):
             started = time.perf_counter()
-            stored = self.store.claim(p)
-            state = PartitionState.restore(
-                stored.fields, self.config.finalise.deadline, self.config.history_cap
-            )
+            with long_lived():
+                stored = self.store.claim(p)
+                state = PartitionState.restore(
+                    stored.fields, self.config.finalise.deadline, self.config.history_cap
+                )
             engine = PartitionEngine(p, self.config, state, stored.watermark_ms, stored.times)
             self.owned[p] = Owned(
                 engine,
