@@ -171,6 +171,7 @@ def _loose(
             [items for ctx in mine for items in ctx.impression_items],
         ),
         rules=rules,
+        classify=False,  # only attributions are counted here
     )
     ids = [rid for ctx in mine for rid in ctx.impression_ids]
     out: list[tuple[int, int, float]] = []

@@ -210,8 +210,12 @@ def join_by_user_batch(
     impressions: UserImpressions,
     *,
     rules: JoinRules,
+    classify: bool = True,
 ) -> UserJoin:
     """:func:`join_by_user` for many interactions of many users at once.
+
+    ``classify=False``: an interaction not attributed gets code 2 whatever the reason
+    (the caller only counts attributions), sparing the search of all its user's lists.
 
     Users are integer codes (an interaction's user may be -1: no impressions).
     Returns an index into :data:`OUTCOME_CODES`, the chosen
@@ -246,7 +250,10 @@ def join_by_user_batch(
                 break
         else:
             s, e = start[i], stop[i]
-            codes[i] = 1 if s == e else 3 if any(item in lists[j] for j in range(s, e)) else 2
+            if not classify:
+                codes[i] = 2
+            else:
+                codes[i] = 1 if s == e else 3 if any(item in lists[j] for j in range(s, e)) else 2
     return _user_join_arrays(codes, chosen, positions)
 
 

@@ -107,3 +107,9 @@ def test_batch_user_join_equals_one_by_one(seed: int) -> None:
     for a, b in zip(got, want, strict=True):
         assert a.tolist() == b.tolist()
     assert set(got[0].tolist()) == {0, 1, 2, 3}  # every outcome occurred
+    # unclassified: the same attributions, every other interaction code 2
+    codes, chosen, positions = join_by_user_batch(
+        items, times, users, index, rules=RULES, classify=False
+    )
+    assert codes.tolist() == [0 if c == 0 else 2 for c in want[0].tolist()]
+    assert chosen.tolist() == want[1].tolist() and positions.tolist() == want[2].tolist()
