@@ -141,23 +141,21 @@ OUT_OF_ORDERNESS_MS = 5_000
 
 def caught_up(client: redis.Redis, name: str) -> bool:
     """Whether every partition has finalised all that the data allows while its inputs
-    are busy (the rest waits for them to go idle): its own watermark has reached the
-    smaller of its inputs' largest event times minus the out-of-orderness, and its
-    watermark the smallest own watermark of all partitions (the bound that holds
-    partitions back while events may be forwarded between them)."""
-    own: list[int] = []
+    are busy (the rest waits for them to go idle): its checkpointed watermark has
+    reached the smallest, over all partitions, of the inputs' largest event times
+    minus the out-of-orderness (partitions are held to that bound while events may
+    be forwarded between them)."""
+    bounds: list[int] = []
     marks: list[int] = []
     for shard in range(SHARDS):
         raw = client.hgetall(f"{{{name}:{shard}}}:pm")
-        meta = {k.decode(): int(v) for k, v in raw.items() if k.startswith((b"t:", b"wm", b"ow"))}
+        meta = {k.decode(): int(v) for k, v in raw.items() if k.startswith((b"t:", b"wm"))}
         times = [v for k, v in meta.items() if k.startswith("t:")]
-        if not times or "wm" not in meta or "ow" not in meta:
+        if not times or "wm" not in meta:
             return False
-        if meta["ow"] < min(times) - OUT_OF_ORDERNESS_MS:
-            return False
-        own.append(meta["ow"])
+        bounds.append(min(times) - OUT_OF_ORDERNESS_MS)
         marks.append(meta["wm"])
-    return min(marks) >= min(own)
+    return min(marks) >= min(bounds)
 
 
 def evaluator_rate(bootstrap: str, redis_url: str, name: str, total: int, log: Path) -> Measured:
