@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from typing import Any
@@ -64,12 +65,13 @@ def run_engine(
     take_every: int = 1,
     now_ms: int = NOW_MS,
     changelog: dict[str, bytes] | None = None,
+    config: EngineConfig | None = None,
 ) -> tuple[PartitionEngine, list[Finalised]]:
     """Feed a stream in batches; the changelog is taken every ``take_every`` batches (a
     checkpoint), and with ``restore_every`` the engine is rebuilt from the accumulated
     changelog at every that many checkpoints (as a new owner would), after checking that
     the rebuilt state equals the engine's own."""
-    config = engine_config(settings)
+    config = config or engine_config(settings)
     engine = PartitionEngine(0, config)
     changelog = {} if changelog is None else changelog
     done: list[Finalised] = []
@@ -146,6 +148,29 @@ def test_engine_equals_replay(seed: int, restore_every: int, take_every: int, tm
     apply_changes(changelog, engine.take()[0])
     # every request segment went once all its requests were final
     assert [key for key in changelog if key[0] in "rs"] == []
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_markers_expire_alike_in_memory_and_restored(seed: int) -> None:
+    """With a finalised_ttl far shorter than the stream, markers expire all along it:
+    at every checkpoint the state rebuilt from the changelog (marker segments, marker
+    fields, the expiry bound) equals the engine's own, and a marker segment is deleted
+    once every marker in it has expired."""
+    settings = load_settings(environ={})
+    config = dataclasses.replace(engine_config(settings), finalised_ttl_ms=30 * 60_000)
+    events = generate(seed, requests=400, users=30)
+    changelog: dict[str, bytes] = {}
+    engine, _ = run_engine(
+        events, settings, seed, restore_every=1, changelog=changelog, config=config
+    )
+    apply_changes(changelog, engine.take()[0])
+    before = msgspec.msgpack.decode(changelog["m:"])
+    segments = [msgspec.msgpack.decode(v) for k, v in changelog.items() if k[0] == "g"]
+    assert segments, "no marker segment left: the stream must end inside the TTL"
+    for rows in segments:  # the expired segments went; these still hold live markers
+        assert max(d for _, d, _ in rows) >= before
+    assert engine.state.final
+    assert min(d for d, _ in engine.state.final.values()) >= before
 
 
 def test_requests_stored_one_field_each_load_and_go_when_final() -> None:

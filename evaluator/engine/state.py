@@ -7,8 +7,8 @@ history), each user's first exposure per experiment, and markers of what was
 finalised or counted late (so a redelivery is a duplicate, not new). Pure: no I/O.
 
 Every change is recorded as a field of the partition's changelog
-(``s:<n>``, ``i:<event>``, ``l:<event>``, ``h:<user>``, ``f:<request>``,
-``x:<event>``, ``e:<experiment US user>``), with the field's new encoded value or
+(``s:<n>``, ``w:``, ``g:<n>``, ``m:``, ``f:<request>``, ``i:<event>``, ``l:<event>``,
+``h:<user>``, ``x:<event>``, ``e:<experiment US user>``), with the field's new encoded value or
 ``None`` for a deletion. A store keeps those fields as one hash per partition: the
 hash *is* the compacted changelog, and :meth:`PartitionState.restore` rebuilds the
 state from it exactly.
@@ -20,6 +20,10 @@ exactly when the watermark passes its deadline, and every checkpoint follows the
 finalisation at its watermark, so a restored row is open exactly while the
 checkpointed watermark is before its deadline: finalising a request writes
 nothing for its row (one field and one encoding per checkpoint, not per request).
+Finalised markers likewise: ``g:<n>`` holds the markers of the requests
+finalised between two checkpoints, ``m:`` the bound below which markers have
+expired; a marker changed after its segment was written (an interaction counted
+late) gets an ``f:<request>`` field that overrides its row.
 """
 
 from __future__ import annotations
@@ -158,6 +162,17 @@ class PartitionState:
     finalised_ms: int | None = None
     """Every request whose deadline is at or before this was finalised (the watermark
     of the latest finalisation; field ``w:``)."""
+    marked: dict[str, None] = field(default_factory=dict)
+    """Requests finalised since the last flush: their markers go in one segment."""
+    marker_segments: list[tuple[int, str]] = field(default_factory=list)
+    """Heap of (largest deadline, field name) of the stored marker segments (``g:<n>``),
+    deleted once every marker in them has expired."""
+    next_marker_segment: int = 0
+    overridden: set[str] = field(default_factory=set)
+    """Finalised requests whose marker is stored as its own ``f:`` field (changed after
+    its segment was written, or written by a version before marker segments)."""
+    markers_before_ms: int | None = None
+    """Markers whose deadline is before this have expired (field ``m:``)."""
 
     # --- writes -----------------------------------------------------------------
 
@@ -253,9 +268,17 @@ class PartitionState:
         return len(gone)
 
     def mark_final(self, rid: str, deadline_ms: int, event_ids: set[str]) -> None:
+        """Change a finalised request's marker (an interaction counted late)."""
         self.final[rid] = (deadline_ms, event_ids)
         heapq.heappush(self.expiry, (deadline_ms, 0, rid))
-        self.changes["f:" + rid] = _encode((deadline_ms, sorted(event_ids)))
+        if rid in self.marked:  # its segment is not written yet
+            return
+        value = _encode((deadline_ms, sorted(event_ids)))
+        if rid in self.overridden:
+            self.changes["f:" + rid] = value
+        else:  # a field of its own overrides the written segment's row
+            self.overridden.add(rid)
+            self._create("f:" + rid, value)
 
     def mark_seen(self, event_id: str, timestamp_ms: int) -> None:
         self.seen[event_id] = timestamp_ms
@@ -285,7 +308,7 @@ class PartitionState:
                 self._drop_if_empty(request.user_id, user)
             final[rid] = (deadline, applied)
             heapq.heappush(expiry, (deadline, 0, rid))
-            changes["f:" + rid] = _encode((deadline, sorted(applied)))
+        self.marked.update(dict.fromkeys(r.request_id for r in requests))
 
     def finalised_through(self, watermark_ms: int) -> None:
         """Record that every request due at ``watermark_ms`` is finalised, and delete the
@@ -313,13 +336,22 @@ class PartitionState:
             while heap and heap[0][0] < before:
                 t, kind, key = heapq.heappop(heap)
                 self._expire_one(kind, key, t)
+        if self.markers_before_ms is None or markers_before_ms > self.markers_before_ms:
+            self.markers_before_ms = markers_before_ms
+            self.changes["m:"] = _encode(markers_before_ms)
+            segments = self.marker_segments
+            while segments and segments[0][0] < markers_before_ms:
+                self.changes[heapq.heappop(segments)[1]] = None
 
     def _expire_one(self, kind: int, key: str, t: int) -> None:
         if kind == 0:
             found = self.final.get(key)
             if found is not None and found[0] == t:
                 del self.final[key]
-                self.changes["f:" + key] = None
+                self.marked.pop(key, None)
+                if key in self.overridden:
+                    self.overridden.discard(key)
+                    self._delete("f:" + key)
         elif kind == 1:
             if self.seen.get(key) == t:
                 del self.seen[key]
@@ -358,6 +390,8 @@ class PartitionState:
         if self.fresh:
             self._write_fresh(out)
         self.fresh = {}
+        if self.marked:
+            self._write_markers(out)
         self.born = set()
         return out
 
@@ -380,6 +414,18 @@ class PartitionState:
             last = max(r.timestamp_ms for r in fresh) + delay
             heapq.heappush(self.segments, (last, name))
 
+    def _write_markers(self, out: Changes) -> None:
+        """The markers of the requests finalised since the last flush: one segment."""
+        final = self.final
+        rows = [(rid, *final[rid]) for rid in self.marked]  # expired ones are not in it
+        self.marked = {}
+        if not rows:
+            return
+        name = f"g:{self.next_marker_segment}"
+        self.next_marker_segment += 1
+        out[name] = _encode([(rid, d, sorted(ids)) for rid, d, ids in rows])
+        heapq.heappush(self.marker_segments, (max(d for _, d, _ in rows), name))
+
     # --- restore ----------------------------------------------------------------
 
     @classmethod
@@ -393,19 +439,13 @@ class PartitionState:
         finalisation deadline)."""
         state = cls(history_cap=history_cap, delay_ms=deadline(0))
         rows: list[list[Any]] = []
+        markers: list[list[Any]] = []
         for name, raw in fields:
             kind, key = name[0], name[2:]
-            if kind == "s":
-                segment = _decode(raw)
-                rows += segment
-                last = max(deadline(row[3]) for row in segment)
-                state.segments.append((last, name))
-                state.next_segment = max(state.next_segment, int(key) + 1)
-            elif kind == "r":
-                rows.append([key, *_decode(raw)])
-                state.legacy.add(key)
-            elif kind == "w":
-                state.finalised_ms = _decode(raw)
+            if kind in "srwgm":
+                state._load_segmented(
+                    kind, name, _decode(raw), deadline=deadline, rows=rows, markers=markers
+                )
             elif kind == "i":
                 rid, item, ts, grade = _decode(raw)
                 state.named.setdefault(rid, {})[key] = PendingInteraction(key, item, ts, grade)
@@ -421,6 +461,7 @@ class PartitionState:
                 d, ids = _decode(raw)
                 state.final[key] = (d, set(ids))
                 state.expiry.append((d, 0, key))
+                state.overridden.add(key)
             elif kind == "e":
                 variant, t = _decode(raw)
                 state.exposed[key] = (variant, t)
@@ -429,13 +470,54 @@ class PartitionState:
                 t = _decode(raw)
                 state.seen[key] = t
                 state.expiry.append((t, 1, key))
+        state._remark(markers)
         state._reopen(rows, deadline)
-        heapq.heapify(state.segments)
+        for heap in (state.segments, state.marker_segments):
+            heapq.heapify(heap)
         heapq.heapify(state.deadlines)
         heapq.heapify(state.expiry)
         heapq.heapify(state.loose_expiry)
         heapq.heapify(state.exposure_expiry)
         return state
+
+    def _load_segmented(
+        self,
+        kind: str,
+        name: str,
+        value: Any,
+        *,
+        deadline: Any,
+        rows: list[list[Any]],
+        markers: list[list[Any]],
+    ) -> None:
+        """A field of the segmented part of the changelog: request segments (and single
+        ``r:`` requests) and marker segments are collected for after the loop; the
+        watermarks that decide which of their rows still count are kept."""
+        key = name[2:]
+        if kind == "s":
+            rows += value
+            self.segments.append((max(deadline(row[3]) for row in value), name))
+            self.next_segment = max(self.next_segment, int(key) + 1)
+        elif kind == "r":
+            rows.append([key, *value])
+            self.legacy.add(key)
+        elif kind == "g":
+            markers += value
+            self.marker_segments.append((max(row[1] for row in value), name))
+            self.next_marker_segment = max(self.next_marker_segment, int(key) + 1)
+        elif kind == "w":
+            self.finalised_ms = value
+        else:  # "m"
+            self.markers_before_ms = value
+
+    def _remark(self, markers: list[list[Any]]) -> None:
+        """The markers among stored segment rows: not expired, not overridden."""
+        before = self.markers_before_ms
+        for rid, d, ids in markers:
+            if rid in self.overridden or (before is not None and d < before):
+                continue
+            self.final[rid] = (d, set(ids))
+            self.expiry.append((d, 0, rid))
 
     def _reopen(self, rows: list[list[Any]], deadline: Any) -> None:
         """The open requests among stored rows: a segment's row is final once the
