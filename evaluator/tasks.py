@@ -23,7 +23,7 @@ from evaluator.config import Settings
 from evaluator.curves import BucketCurves
 from evaluator.engine.checkpoint import Delta, Outcome
 from evaluator.engine.partition import EngineConfig, PartitionEngine
-from evaluator.engine.state import PartitionState
+from evaluator.engine.restore import restore_state
 from evaluator.finalise import Finalised
 from evaluator.partitioner import PartitionOf
 from evaluator.routing import Decoder, Forwarded
@@ -135,7 +135,7 @@ class Tasks:
             started = time.perf_counter()
             with long_lived():
                 stored = self.store.claim(p)
-                state = PartitionState.restore(
+                state = restore_state(
                     stored.fields, self.config.finalise.deadline, self.config.history_cap
                 )
             engine = PartitionEngine(p, self.config, state, stored.watermark_ms, stored.times)

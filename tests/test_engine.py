@@ -14,6 +14,7 @@ import pytest
 from evaluator.commands.replay import evaluate_files
 from evaluator.config import load_settings
 from evaluator.engine.partition import EngineConfig, PartitionEngine
+from evaluator.engine.restore import restore_state
 from evaluator.engine.state import PartitionState
 from evaluator.events import decode_impressions, decode_interactions
 from evaluator.finalise import Finalised
@@ -85,9 +86,7 @@ def run_engine(
         apply_changes(changelog, engine.take()[0])
         checkpoints += 1
         if restore_every and checkpoints % restore_every == 0:
-            state = PartitionState.restore(
-                changelog.items(), config.finalise.deadline, config.history_cap
-            )
+            state = restore_state(changelog.items(), config.finalise.deadline, config.history_cap)
             assert_same_state(state, engine.state)
             engine = PartitionEngine(0, config, state, engine.watermark_ms, engine.input_times())
     for now in (now_ms, now_ms + config.idle_timeout_ms):
@@ -183,7 +182,7 @@ def test_requests_stored_one_field_each_load_and_go_when_final() -> None:
         (f"r:{rid}", msgspec.msgpack.encode((user, "a", ts, ["x", "y"], [], "", [], "", None)))
         for rid, user, ts in (("q1", "u1", 1_000), ("q2", "u2", later))
     ]
-    state = PartitionState.restore(fields, config.finalise.deadline, config.history_cap)
+    state = restore_state(fields, config.finalise.deadline, config.history_cap)
     assert sorted(state.requests) == ["q1", "q2"]
     engine = PartitionEngine(0, config, state)
     engine.watermark_ms = config.finalise.deadline(1_000)

@@ -17,7 +17,7 @@ import pytest
 from evaluator.config import load_settings
 from evaluator.engine.checkpoint import Delta, Outcome
 from evaluator.engine.partition import PartitionEngine, StepCounts
-from evaluator.engine.state import PartitionState
+from evaluator.engine.restore import restore_state
 from evaluator.events import decode_impressions, decode_interactions
 from evaluator.finalise import FinaliseConfig, Finalised
 from evaluator.relevance import BUILTIN_PROFILES
@@ -70,9 +70,7 @@ class Driver:
         """Claim the partition and rebuild the engine from what the store holds."""
         stored = self.store.claim(self.partition)
         self.epoch, self.seq = stored.epoch, stored.seq
-        state = PartitionState.restore(
-            stored.fields, self.config.finalise.deadline, self.config.history_cap
-        )
+        state = restore_state(stored.fields, self.config.finalise.deadline, self.config.history_cap)
         self.engine = PartitionEngine(
             self.partition, self.config, state, stored.watermark_ms, stored.times
         )

@@ -10,7 +10,7 @@ Every change is recorded as a field of the partition's changelog
 (``s:<n>``, ``w:``, ``g:<n>``, ``m:``, ``f:<request>``, ``i:<event>``, ``l:<event>``,
 ``h:<user>``, ``x:<event>``, ``e:<experiment US user>``), with the field's new encoded value or
 ``None`` for a deletion. A store keeps those fields as one hash per partition: the
-hash *is* the compacted changelog, and :meth:`PartitionState.restore` rebuilds the
+hash *is* the compacted changelog, and :func:`evaluator.engine.restore.restore_state` rebuilds the
 state from it exactly.
 
 Open requests are written as segments, not one field each: ``s:<n>`` holds the
@@ -29,91 +29,15 @@ late) gets an ``f:<request>`` field that overrides its row.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-import msgspec
-
-from evaluator.events import Impression
+from evaluator.engine.records import UserState, encode, open_request, request_row
 from evaluator.finalise import OpenRequest, PendingInteraction
 
-_encode = msgspec.msgpack.Encoder().encode
-_decode = msgspec.msgpack.Decoder().decode
+_encode = encode
 
 Changes = dict[str, bytes | None]
 """Changelog fields written (encoded value) or deleted (None) since the last flush."""
-
-
-@dataclass(slots=True)
-class UserState:
-    """One user's part of the join state."""
-
-    open: dict[str, int] = field(default_factory=dict)
-    """Open request id -> impression time."""
-    loose: dict[str, PendingInteraction] = field(default_factory=dict)
-    """Request-less interactions by event id."""
-    history: list[tuple[int, str]] = field(default_factory=list)
-    """The earliest relevant interactions, sorted (time, event id), at most the cap."""
-
-    def empty(self) -> bool:
-        return not (self.open or self.loose or self.history)
-
-
-def _request_row(r: OpenRequest) -> tuple[Any, ...]:
-    """An open request as one row of a segment (its id first)."""
-    return (
-        r.request_id,
-        r.user_id,
-        r.variant,
-        r.timestamp_ms,
-        r.items,
-        r.attributes,
-        r.shadow_variant,
-        r.shadow,
-        r.context,
-        list(r.randomization) if r.randomization else None,
-    )
-
-
-def _request_of(rid: str, fields: list[Any]) -> OpenRequest:
-    """An open request from a segment row (without its id) or a legacy ``r:`` value."""
-    uid, variant, ts, items, attrs, shadow_variant, shadow, context, rnd = fields
-    return OpenRequest(
-        rid,
-        uid,
-        variant,
-        ts,
-        items,
-        attributes=attrs,
-        shadow_variant=shadow_variant,
-        shadow=shadow,
-        context=context,
-        randomization=(rnd[0], rnd[1]) if rnd else None,
-    )
-
-
-def open_request(event: Impression, timestamp_ms: int, attribute: str) -> OpenRequest:
-    """The open request an impression starts (its first shadow ranking by name kept).
-    It shares the decoded event's lists (the event is not used after)."""
-    shadow_variant, shadow = "", []
-    if event.shadow:
-        shadow_variant = min(event.shadow)
-        shadow = list(event.shadow[shadow_variant])
-    attributes = event.item_attributes
-    return OpenRequest(
-        event.request_id,
-        event.user_id,
-        event.variant,
-        timestamp_ms,
-        event.items,
-        [],
-        list(attributes.get(attribute, ())) if attributes else [],
-        shadow_variant,
-        shadow,
-        event.context or "",
-        event.randomization.key() if event.randomization else None,
-    )
 
 
 @dataclass(slots=True)
@@ -404,13 +328,13 @@ class PartitionState:
             behind = [r for r in fresh if r.timestamp_ms + delay <= through]
             if behind:
                 for r in behind:
-                    out["r:" + r.request_id] = _encode(_request_row(r)[1:])
+                    out["r:" + r.request_id] = _encode(request_row(r)[1:])
                     self.legacy.add(r.request_id)
                 fresh = [r for r in fresh if r.timestamp_ms + delay > through]
         if fresh:
             name = f"s:{self.next_segment}"
             self.next_segment += 1
-            out[name] = _encode([_request_row(r) for r in fresh])
+            out[name] = _encode([request_row(r) for r in fresh])
             last = max(r.timestamp_ms for r in fresh) + delay
             heapq.heappush(self.segments, (last, name))
 
@@ -426,118 +350,5 @@ class PartitionState:
         out[name] = _encode([(rid, d, sorted(ids)) for rid, d, ids in rows])
         heapq.heappush(self.marker_segments, (max(d for _, d, _ in rows), name))
 
-    # --- restore ----------------------------------------------------------------
 
-    @classmethod
-    def restore(
-        cls,
-        fields: Iterable[tuple[str, bytes]],
-        deadline: Any,
-        history_cap: int,
-    ) -> PartitionState:
-        """Rebuild the state from its changelog fields (``deadline``: impression time ->
-        finalisation deadline)."""
-        state = cls(history_cap=history_cap, delay_ms=deadline(0))
-        rows: list[list[Any]] = []
-        markers: list[list[Any]] = []
-        for name, raw in fields:
-            kind, key = name[0], name[2:]
-            if kind in "srwgm":
-                state._load_segmented(
-                    kind, name, _decode(raw), deadline=deadline, rows=rows, markers=markers
-                )
-            elif kind == "i":
-                rid, item, ts, grade = _decode(raw)
-                state.named.setdefault(rid, {})[key] = PendingInteraction(key, item, ts, grade)
-                state.named_rid[key] = rid
-                state.expiry.append((ts, 3, key))
-            elif kind == "l":
-                uid, item, ts, grade = _decode(raw)
-                state.user(uid).loose[key] = PendingInteraction(key, item, ts, grade)
-                state.loose_expiry.append((ts, 2, uid + "\x1f" + key))
-            elif kind == "h":
-                state.user(key).history = [(t, e) for t, e in _decode(raw)]
-            elif kind == "f":
-                d, ids = _decode(raw)
-                state.final[key] = (d, set(ids))
-                state.expiry.append((d, 0, key))
-                state.overridden.add(key)
-            elif kind == "e":
-                variant, t = _decode(raw)
-                state.exposed[key] = (variant, t)
-                state.exposure_expiry.append((t, key))
-            elif kind == "x":
-                t = _decode(raw)
-                state.seen[key] = t
-                state.expiry.append((t, 1, key))
-        state._remark(markers)
-        state._reopen(rows, deadline)
-        for heap in (state.segments, state.marker_segments):
-            heapq.heapify(heap)
-        heapq.heapify(state.deadlines)
-        heapq.heapify(state.expiry)
-        heapq.heapify(state.loose_expiry)
-        heapq.heapify(state.exposure_expiry)
-        return state
-
-    def _load_segmented(
-        self,
-        kind: str,
-        name: str,
-        value: Any,
-        *,
-        deadline: Any,
-        rows: list[list[Any]],
-        markers: list[list[Any]],
-    ) -> None:
-        """A field of the segmented part of the changelog: request segments (and single
-        ``r:`` requests) and marker segments are collected for after the loop; the
-        watermarks that decide which of their rows still count are kept."""
-        key = name[2:]
-        if kind == "s":
-            rows += value
-            self.segments.append((max(deadline(row[3]) for row in value), name))
-            self.next_segment = max(self.next_segment, int(key) + 1)
-        elif kind == "r":
-            rows.append([key, *value])
-            self.legacy.add(key)
-        elif kind == "g":
-            markers += value
-            self.marker_segments.append((max(row[1] for row in value), name))
-            self.next_marker_segment = max(self.next_marker_segment, int(key) + 1)
-        elif kind == "w":
-            self.finalised_ms = value
-        else:  # "m"
-            self.markers_before_ms = value
-
-    def _remark(self, markers: list[list[Any]]) -> None:
-        """The markers among stored segment rows: not expired, not overridden."""
-        before = self.markers_before_ms
-        for rid, d, ids in markers:
-            if rid in self.overridden or (before is not None and d < before):
-                continue
-            self.final[rid] = (d, set(ids))
-            self.expiry.append((d, 0, rid))
-
-    def _reopen(self, rows: list[list[Any]], deadline: Any) -> None:
-        """The open requests among stored rows: a segment's row is final once the
-        finalisation has passed its deadline, an ``r:`` field's once it is marked final."""
-        through = self.finalised_ms
-        for row in rows:
-            rid, ts = row[0], row[3]
-            d = deadline(ts)
-            if rid in self.legacy:
-                if rid in self.final:  # its field should have gone with it
-                    self.legacy.discard(rid)
-                    self.changes["r:" + rid] = None
-                    continue
-            elif (through is not None and d <= through) or rid in self.final:
-                continue
-            self.requests[rid] = _request_of(rid, row[1:])
-            self.deadlines.append((d, rid))
-            self.user(row[1]).open[rid] = ts
-
-
-def decode_fields(raw: Mapping[Any, bytes]) -> list[tuple[str, bytes]]:
-    """Changelog fields as read from a store (names as bytes or str)."""
-    return [(k.decode() if isinstance(k, bytes) else k, v) for k, v in raw.items()]
+__all__ = ["Changes", "PartitionState", "UserState", "open_request"]

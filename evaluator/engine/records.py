@@ -1,0 +1,86 @@
+"""The records of a partition's join state: one user's part, and an open request
+as an impression starts it and as a changelog segment stores it. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from evaluator.events import Impression
+from evaluator.finalise import OpenRequest, PendingInteraction
+
+encode = msgspec.msgpack.Encoder().encode
+decode = msgspec.msgpack.Decoder().decode
+
+
+@dataclass(slots=True)
+class UserState:
+    """One user's part of the join state."""
+
+    open: dict[str, int] = field(default_factory=dict)
+    """Open request id -> impression time."""
+    loose: dict[str, PendingInteraction] = field(default_factory=dict)
+    """Request-less interactions by event id."""
+    history: list[tuple[int, str]] = field(default_factory=list)
+    """The earliest relevant interactions, sorted (time, event id), at most the cap."""
+
+    def empty(self) -> bool:
+        return not (self.open or self.loose or self.history)
+
+
+def request_row(r: OpenRequest) -> tuple[Any, ...]:
+    """An open request as one row of a segment (its id first)."""
+    return (
+        r.request_id,
+        r.user_id,
+        r.variant,
+        r.timestamp_ms,
+        r.items,
+        r.attributes,
+        r.shadow_variant,
+        r.shadow,
+        r.context,
+        list(r.randomization) if r.randomization else None,
+    )
+
+
+def request_of(rid: str, fields: list[Any]) -> OpenRequest:
+    """An open request from a segment row (without its id) or a legacy ``r:`` value."""
+    uid, variant, ts, items, attrs, shadow_variant, shadow, context, rnd = fields
+    return OpenRequest(
+        rid,
+        uid,
+        variant,
+        ts,
+        items,
+        attributes=attrs,
+        shadow_variant=shadow_variant,
+        shadow=shadow,
+        context=context,
+        randomization=(rnd[0], rnd[1]) if rnd else None,
+    )
+
+
+def open_request(event: Impression, timestamp_ms: int, attribute: str) -> OpenRequest:
+    """The open request an impression starts (its first shadow ranking by name kept).
+    It shares the decoded event's lists (the event is not used after)."""
+    shadow_variant, shadow = "", []
+    if event.shadow:
+        shadow_variant = min(event.shadow)
+        shadow = list(event.shadow[shadow_variant])
+    attributes = event.item_attributes
+    return OpenRequest(
+        event.request_id,
+        event.user_id,
+        event.variant,
+        timestamp_ms,
+        event.items,
+        [],
+        list(attributes.get(attribute, ())) if attributes else [],
+        shadow_variant,
+        shadow,
+        event.context or "",
+        event.randomization.key() if event.randomization else None,
+    )

@@ -1,0 +1,130 @@
+"""Rebuilding a partition's join state from its changelog fields: what a new owner
+loads. Pure (the store reads the fields).
+
+Segments hold rows that may be dead by now: a request segment's row is final once
+the finalisation watermark (``w:``) has passed its deadline, and a marker
+segment's row has expired once its deadline is before the expiry bound (``m:``)
+or is overridden by an ``f:`` field. :mod:`evaluator.engine.state` lists the
+fields.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+from typing import Any
+
+from evaluator.engine.records import decode, request_of
+from evaluator.engine.state import PartitionState
+from evaluator.finalise import PendingInteraction
+
+_decode = decode
+
+
+def restore_state(
+    fields: Iterable[tuple[str, bytes]], deadline: Any, history_cap: int
+) -> PartitionState:
+    """Rebuild the state from its changelog fields (``deadline``: impression time ->
+    finalisation deadline)."""
+    state = PartitionState(history_cap=history_cap, delay_ms=deadline(0))
+    rows: list[list[Any]] = []
+    markers: list[list[Any]] = []
+    for name, raw in fields:
+        kind, key = name[0], name[2:]
+        if kind in "srwgm":
+            _load_segmented(
+                state, kind, name, _decode(raw), deadline=deadline, rows=rows, markers=markers
+            )
+        elif kind == "i":
+            rid, item, ts, grade = _decode(raw)
+            state.named.setdefault(rid, {})[key] = PendingInteraction(key, item, ts, grade)
+            state.named_rid[key] = rid
+            state.expiry.append((ts, 3, key))
+        elif kind == "l":
+            uid, item, ts, grade = _decode(raw)
+            state.user(uid).loose[key] = PendingInteraction(key, item, ts, grade)
+            state.loose_expiry.append((ts, 2, uid + "\x1f" + key))
+        elif kind == "h":
+            state.user(key).history = [(t, e) for t, e in _decode(raw)]
+        elif kind == "f":
+            d, ids = _decode(raw)
+            state.final[key] = (d, set(ids))
+            state.expiry.append((d, 0, key))
+            state.overridden.add(key)
+        elif kind == "e":
+            variant, t = _decode(raw)
+            state.exposed[key] = (variant, t)
+            state.exposure_expiry.append((t, key))
+        elif kind == "x":
+            t = _decode(raw)
+            state.seen[key] = t
+            state.expiry.append((t, 1, key))
+    _remark(state, markers)
+    _reopen(state, rows, deadline)
+    for heap in (state.segments, state.marker_segments):
+        heapq.heapify(heap)
+    heapq.heapify(state.deadlines)
+    heapq.heapify(state.expiry)
+    heapq.heapify(state.loose_expiry)
+    heapq.heapify(state.exposure_expiry)
+    return state
+
+
+def _load_segmented(
+    state: PartitionState,
+    kind: str,
+    name: str,
+    value: Any,
+    *,
+    deadline: Any,
+    rows: list[list[Any]],
+    markers: list[list[Any]],
+) -> None:
+    """A field of the segmented part of the changelog: request segments (and single
+    ``r:`` requests) and marker segments are collected for after the loop; the
+    watermarks that decide which of their rows still count are kept."""
+    key = name[2:]
+    if kind == "s":
+        rows += value
+        state.segments.append((max(deadline(row[3]) for row in value), name))
+        state.next_segment = max(state.next_segment, int(key) + 1)
+    elif kind == "r":
+        rows.append([key, *value])
+        state.legacy.add(key)
+    elif kind == "g":
+        markers += value
+        state.marker_segments.append((max(row[1] for row in value), name))
+        state.next_marker_segment = max(state.next_marker_segment, int(key) + 1)
+    elif kind == "w":
+        state.finalised_ms = value
+    else:  # "m"
+        state.markers_before_ms = value
+
+
+def _remark(state: PartitionState, markers: list[list[Any]]) -> None:
+    """The markers among stored segment rows: not expired, not overridden."""
+    before = state.markers_before_ms
+    for rid, d, ids in markers:
+        if rid in state.overridden or (before is not None and d < before):
+            continue
+        state.final[rid] = (d, set(ids))
+        state.expiry.append((d, 0, rid))
+
+
+def _reopen(state: PartitionState, rows: list[list[Any]], deadline: Any) -> None:
+    """The open requests among stored rows: a segment's row is final once the
+    finalisation has passed its deadline, an ``r:`` field's once it is marked final."""
+    through = state.finalised_ms
+    for row in rows:
+        rid, ts = row[0], row[3]
+        d = deadline(ts)
+        if rid in state.legacy:
+            if rid in state.final:  # its field should have gone with it
+                state.legacy.discard(rid)
+                state.changes["r:" + rid] = None
+                continue
+        elif (through is not None and d <= through) or rid in state.final:
+            continue
+        state.requests[rid] = request_of(rid, row[1:])
+        state.deadlines.append((d, rid))
+        state.user(row[1]).open[rid] = ts
