@@ -172,6 +172,28 @@ def test_markers_expire_alike_in_memory_and_restored(seed: int) -> None:
     assert min(d for d, _ in engine.state.final.values()) >= before
 
 
+def test_segments_hold_at_most_segment_rows_and_restore_whole() -> None:
+    """A checkpoint after many new requests (and finalisations) writes several
+    segments of at most ``segment_rows`` rows; the state rebuilt from them is whole."""
+    settings = load_settings(environ={})
+    config = engine_config(settings)
+    engine = PartitionEngine(0, config)
+    engine.state.segment_rows = 3
+    events = generate(4, requests=40, users=8)
+    changelog: dict[str, bytes] = {}
+    imps = sorted(events.impressions, key=lambda e: e["timestamp"])
+    step(engine, [("impressions", e) for e in imps], settings)
+    engine.watermark_ms = config.finalise.deadline(imps[len(imps) // 2]["timestamp"])
+    assert 3 < sum(len(d.requests) for d in engine.finalise_due()) < len(imps) - 3
+    apply_changes(changelog, engine.take()[0])
+    for kind in "sg":
+        sizes = [len(msgspec.msgpack.decode(v)) for k, v in changelog.items() if k[0] == kind]
+        assert len(sizes) > 1, kind
+        assert max(sizes) <= 3, kind
+    state = restore_state(changelog.items(), config.finalise.deadline, config.history_cap)
+    assert_same_state(state, engine.state)
+
+
 def test_requests_stored_one_field_each_load_and_go_when_final() -> None:
     """A partition written before request segments holds one ``r:`` field per open
     request: they load as open, and each field is deleted when its request is final."""

@@ -83,6 +83,9 @@ class PartitionState:
     segments): their field is deleted when they are finalised."""
     delay_ms: int = 0
     """A request's deadline after its impression (set by :meth:`add_requests`)."""
+    segment_rows: int = 10_000
+    """Rows per segment at most (a few MB): a checkpoint after a large backlog writes
+    several fields rather than one huge one."""
     finalised_ms: int | None = None
     """Every request whose deadline is at or before this was finalised (the watermark
     of the latest finalisation; field ``w:``)."""
@@ -320,8 +323,9 @@ class PartitionState:
         return out
 
     def _write_fresh(self, out: Changes) -> None:
-        """The requests opened since the last flush: one segment, except those already
-        due (opened behind the finalisation, not yet finalised), one ``r:`` field each."""
+        """The requests opened since the last flush: one segment (or several of
+        :attr:`segment_rows`), except those already due (opened behind the
+        finalisation, not yet finalised), one ``r:`` field each."""
         fresh = list(self.fresh.values())
         delay, through = self.delay_ms, self.finalised_ms
         if through is not None:
@@ -331,24 +335,26 @@ class PartitionState:
                     out["r:" + r.request_id] = _encode(request_row(r)[1:])
                     self.legacy.add(r.request_id)
                 fresh = [r for r in fresh if r.timestamp_ms + delay > through]
-        if fresh:
+        for start in range(0, len(fresh), self.segment_rows):
+            part = fresh[start : start + self.segment_rows]
             name = f"s:{self.next_segment}"
             self.next_segment += 1
-            out[name] = _encode([request_row(r) for r in fresh])
-            last = max(r.timestamp_ms for r in fresh) + delay
+            out[name] = _encode([request_row(r) for r in part])
+            last = max(r.timestamp_ms for r in part) + delay
             heapq.heappush(self.segments, (last, name))
 
     def _write_markers(self, out: Changes) -> None:
-        """The markers of the requests finalised since the last flush: one segment."""
+        """The markers of the requests finalised since the last flush: one segment (or
+        several of :attr:`segment_rows`)."""
         final = self.final
         rows = [(rid, *final[rid]) for rid in self.marked]  # expired ones are not in it
         self.marked = {}
-        if not rows:
-            return
-        name = f"g:{self.next_marker_segment}"
-        self.next_marker_segment += 1
-        out[name] = _encode([(rid, d, sorted(ids)) for rid, d, ids in rows])
-        heapq.heappush(self.marker_segments, (max(d for _, d, _ in rows), name))
+        for start in range(0, len(rows), self.segment_rows):
+            part = rows[start : start + self.segment_rows]
+            name = f"g:{self.next_marker_segment}"
+            self.next_marker_segment += 1
+            out[name] = _encode([(rid, d, sorted(ids)) for rid, d, ids in part])
+            heapq.heappush(self.marker_segments, (max(d for _, d, _ in part), name))
 
 
 __all__ = ["Changes", "PartitionState", "UserState", "open_request"]
