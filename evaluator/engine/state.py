@@ -347,7 +347,8 @@ class PartitionState:
         """The markers of the requests finalised since the last flush: one segment (or
         several of :attr:`segment_rows`)."""
         final = self.final
-        rows = [(rid, *final[rid]) for rid in self.marked]  # expired ones are not in it
+        # a marker that expired before this flush left :attr:`marked` with it
+        rows = [(rid, *final[rid]) for rid in self.marked]
         self.marked = {}
         for start in range(0, len(rows), self.segment_rows):
             part = rows[start : start + self.segment_rows]
