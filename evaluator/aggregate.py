@@ -1,21 +1,20 @@
-"""Sufficient statistics of per-request scores, grouped, and the means read from them.
+"""Statistics rows summed per group, and the means read from them.
 
-Groups keep a request count, an engaged-request count, and per-column sums and
-sums of squares. Sums merge by addition, so window buckets, user buckets and
-instances combine exactly. Requests without a relevant item score 0 on every
-metric, so the zero-relevance policy only chooses the denominator when reading
-a mean: all requests (``count``) or engaged ones only (``skip``).
+A statistics row (:func:`evaluator.windows.contribution_rows`) holds a request
+count, an engaged-request count, and per metric column a sum and a sum of
+squares. Rows merge by addition, so window buckets, user buckets, instances and
+replay's per-variant totals combine exactly and are read by the same
+:func:`row_mean`. Requests without a relevant item score 0 on every metric, so
+the zero-relevance policy only chooses the denominator when reading a mean: all
+requests (``count``) or engaged ones only (``skip``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
-
-from evaluator.scoring import RequestScores
 
 FloatArray = npt.NDArray[np.float64]
 ZeroRelevancePolicy = Literal["count", "skip"]
@@ -35,49 +34,10 @@ def row_mean(rows: FloatArray, column: int, zero_relevance: str) -> float:
     return float(rows[..., column].sum()) / denom if denom else float("nan")
 
 
-@dataclass(slots=True)
-class Moments:
-    """Counts and sums for ``groups`` rows and the metric columns of :class:`RequestScores`."""
-
-    count: npt.NDArray[np.int64]
-    engaged: npt.NDArray[np.int64]
-    sums: FloatArray
-    sumsq: FloatArray
-
-    @classmethod
-    def zeros(cls, groups: int, columns: int) -> Moments:
-        return cls(
-            np.zeros(groups, dtype=np.int64),
-            np.zeros(groups, dtype=np.int64),
-            np.zeros((groups, columns)),
-            np.zeros((groups, columns)),
-        )
-
-    def add(self, other: Moments) -> None:
-        """Merge another set of moments with the same shape (e.g. from another batch)."""
-        self.count += other.count
-        self.engaged += other.engaged
-        self.sums += other.sums
-        self.sumsq += other.sumsq
-
-    def means(self, policy: ZeroRelevancePolicy = "count") -> FloatArray:
-        """Mean of each column per group; NaN for a group with no qualifying request."""
-        qualifying = (self.count, self.engaged)[denominator_column(policy)]
-        denom = qualifying.astype(np.float64)[:, None]
-        out = np.full(self.sums.shape, np.nan)
-        np.divide(self.sums, denom, out=out, where=denom > 0)
-        return out
-
-
-def group_moments(group: npt.NDArray[np.int64], groups: int, scores: RequestScores) -> Moments:
-    """Moments of each group; ``group[r]`` is the group code (0..groups-1) of request ``r``."""
-    values = scores.matrix()
-    columns = values.shape[1]
-    moments = Moments.zeros(groups, columns)
-    moments.count += np.bincount(group, minlength=groups)
-    moments.engaged += np.bincount(group, weights=scores.engaged, minlength=groups).astype(np.int64)
-    squares = values * values
-    for col in range(columns):
-        moments.sums[:, col] = np.bincount(group, weights=values[:, col], minlength=groups)
-        moments.sumsq[:, col] = np.bincount(group, weights=squares[:, col], minlength=groups)
-    return moments
+def group_rows(group: npt.NDArray[np.int64], groups: int, rows: FloatArray) -> FloatArray:
+    """Statistics rows summed per group (``group[r]`` in 0..groups-1 is row r's group):
+    what a window bucket holds for its requests, read with :func:`row_mean`."""
+    out = np.zeros((groups, rows.shape[1]))
+    for col in range(rows.shape[1]):
+        out[:, col] = np.bincount(group, weights=rows[:, col], minlength=groups)
+    return out

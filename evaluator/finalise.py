@@ -123,27 +123,111 @@ def deadline_ms(impression_ms: int, rules: JoinRules, allowed_lateness_ms: int) 
     )
 
 
-def _named(
-    requests: list[OpenRequest], rules: JoinRules, outcomes: Counter[str]
-) -> list[tuple[int, int, float]]:
-    """Interactions that named their request, joined in one batch (as replay does)."""
-    named = [(row, it) for row, r in enumerate(requests) for it in r.interactions]
-    if not named:
-        return []
+class Attributed(NamedTuple):
+    """Attributed interactions as columns: the request row each joined, the item's
+    0-based position in its list, and its grade."""
+
+    row: I64
+    position: I64
+    grade: FloatArray
+
+    @staticmethod
+    def join(parts: Sequence[Attributed]) -> Attributed:
+        """The parts one after another (their order is kept)."""
+        if not parts:
+            return Attributed(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
+        return Attributed(*(np.concatenate(columns) for columns in zip(*parts, strict=True)))
+
+
+def attribute_named(
+    request_ms: I64,
+    request_items: Sequence[Sequence[str]],
+    interactions: NamedInteractions,
+    rules: JoinRules,
+    outcomes: Counter[str],
+) -> Attributed:
+    """Interactions that name their request, joined in one batch; every outcome is
+    counted. ``interactions.row`` is each one's request row (-1: unknown request)."""
+    rows, items, times, grades = interactions
+    if not items:
+        return Attributed.join([])
     codes, positions = join_by_request_batch(
-        [it.item_id for _, it in named],
-        np.fromiter((it.timestamp_ms for _, it in named), dtype=np.int64, count=len(named)),
-        [row for row, _ in named],
-        np.fromiter((r.timestamp_ms for r in requests), dtype=np.int64, count=len(requests)),
-        [r.items for r in requests],
-        rules=rules,
+        items, times, rows, request_ms, request_items, rules=rules
     )
     count_outcomes(codes, outcomes)
-    return [
-        (row, pos, it.grade)
-        for (row, it), code, pos in zip(named, codes.tolist(), positions.tolist(), strict=True)
-        if code == 0
-    ]
+    ok = np.flatnonzero(codes == 0)
+    return Attributed(np.asarray(rows, dtype=np.int64)[ok], positions[ok], grades[ok])
+
+
+def attribute_loose(
+    impressions: UserImpressions,
+    impression_row: I64,
+    interactions: LooseInteractions,
+    rules: JoinRules,
+    outcomes: Counter[str],
+    *,
+    classify: bool,
+) -> Attributed:
+    """Request-less interactions, each joined to its user's latest impression holding
+    the item (one batch). ``impression_row``: each impression's request row, -1 for an
+    impression that is not being finalised (its attributions are left to it).
+
+    ``classify=True`` counts every outcome (replay: every impression is being
+    finalised); False counts attributions only (live: an interaction not attributed
+    now may still join a later request)."""
+    users, items, times, grades = interactions
+    if not items:
+        return Attributed.join([])
+    codes, chosen, positions = join_by_user_batch(
+        items, times, users, impressions, rules=rules, classify=classify
+    )
+    rows = (
+        impression_row[np.maximum(chosen, 0)] if impression_row.size else np.full_like(chosen, -1)
+    )
+    ok = np.flatnonzero((codes == 0) & (rows >= 0))
+    if classify:
+        count_outcomes(codes, outcomes)
+    elif ok.size:
+        outcomes[JoinOutcome.ATTRIBUTED] += int(ok.size)
+    return Attributed(rows[ok], positions[ok], grades[ok])
+
+
+class NamedInteractions(NamedTuple):
+    """Interactions naming a request, as columns (``row``: the request's row)."""
+
+    row: Sequence[int]
+    item: Sequence[str]
+    ms: I64
+    grade: FloatArray
+
+
+class LooseInteractions(NamedTuple):
+    """Request-less interactions, as columns (``user``: the user's code in the
+    :class:`~evaluator.join.UserImpressions` they are joined against)."""
+
+    user: I64
+    item: Sequence[str]
+    ms: I64
+    grade: FloatArray
+
+
+def _named(
+    requests: list[OpenRequest], request_ms: I64, rules: JoinRules, outcomes: Counter[str]
+) -> Attributed:
+    """The due requests' own interactions."""
+    named = [(row, it) for row, r in enumerate(requests) for it in r.interactions]
+    return attribute_named(
+        request_ms,
+        [r.items for r in requests],
+        NamedInteractions(
+            [row for row, _ in named],
+            [it.item_id for _, it in named],
+            np.fromiter((it.timestamp_ms for _, it in named), dtype=np.int64, count=len(named)),
+            np.fromiter((it.grade for _, it in named), dtype=np.float64, count=len(named)),
+        ),
+        rules,
+        outcomes,
+    )
 
 
 def _loose(
@@ -151,51 +235,42 @@ def _loose(
     users: dict[str, UserContext],
     rules: JoinRules,
     outcomes: Counter[str],
-) -> list[tuple[int, int, float]]:
-    """Request-less interactions whose user-based join picks one of ``requests``
-    (the batch join replay uses, over every user with such interactions)."""
-    row_of = {r.request_id: row for row, r in enumerate(requests)}
+) -> Attributed:
+    """Request-less interactions whose user-based join picks one of ``requests``."""
     mine = [ctx for ctx in users.values() if ctx.loose and ctx.impression_ms]
     if not mine:
-        return []
+        return Attributed.join([])
+    row_of = {r.request_id: row for row, r in enumerate(requests)}
     loose = [it for ctx in mine for it in ctx.loose]
-    codes, chosen, positions = join_by_user_batch(
+    user_codes = np.arange(len(mine), dtype=np.int64)
+    impressions = UserImpressions(  # each user's are sorted already; users follow in order
+        np.repeat(user_codes, [len(ctx.impression_ms) for ctx in mine]),
+        np.fromiter((t for ctx in mine for t in ctx.impression_ms), dtype=np.int64),
+        [items for ctx in mine for items in ctx.impression_items],
+    )
+    impression_row = np.fromiter(
+        (row_of.get(rid, -1) for ctx in mine for rid in ctx.impression_ids), dtype=np.int64
+    )
+    interactions = LooseInteractions(
+        np.repeat(user_codes, [len(ctx.loose) for ctx in mine]),
         [it.item_id for it in loose],
         np.fromiter((it.timestamp_ms for it in loose), dtype=np.int64, count=len(loose)),
-        np.repeat(np.arange(len(mine), dtype=np.int64), [len(ctx.loose) for ctx in mine]),
-        UserImpressions(  # each user's impressions are sorted already; users follow in order
-            np.repeat(
-                np.arange(len(mine), dtype=np.int64), [len(ctx.impression_ms) for ctx in mine]
-            ),
-            np.fromiter((t for ctx in mine for t in ctx.impression_ms), dtype=np.int64),
-            [items for ctx in mine for items in ctx.impression_items],
-        ),
-        rules=rules,
-        classify=False,  # only attributions are counted here
+        np.fromiter((it.grade for it in loose), dtype=np.float64, count=len(loose)),
     )
-    ids = [rid for ctx in mine for rid in ctx.impression_ids]
-    out: list[tuple[int, int, float]] = []
-    for i in np.flatnonzero(codes == 0).tolist():
-        row = row_of.get(ids[chosen[i]])
-        if row is not None:
-            out.append((row, int(positions[i]), loose[i].grade))
-    if out:
-        outcomes[JoinOutcome.ATTRIBUTED] += len(out)
-    return out
+    return attribute_loose(
+        impressions, impression_row, interactions, rules, outcomes, classify=False
+    )
 
 
-def _earlier_relevant(
-    requests: list[OpenRequest], history: History, request_ms: I64, cap: int
-) -> I64:
-    """Relevant interactions of each request's user before its impression (the same
-    vectorised count ``evaluator replay`` uses)."""
+def cohorts(request_users: Sequence[str], request_ms: I64, history: History, cap: int) -> I64:
+    """``COLD_START`` or ``ESTABLISHED`` for each request, from its user's relevant
+    interactions strictly before it (at most ``cap`` counted)."""
     codes = history.codes
     request_user = np.fromiter(
-        map(codes.get, [r.user_id for r in requests], repeat(-1)),
-        dtype=np.int64,
-        count=len(requests),
+        map(codes.get, request_users, repeat(-1)), dtype=np.int64, count=len(request_users)
     )
-    return earlier_counts(history.user, history.ms, request_user, request_ms, cap)
+    earlier = earlier_counts(history.user, history.ms, request_user, request_ms, cap)
+    return cohort_codes(earlier, cap)
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,21 +306,16 @@ def finalise(
     engine); None: users are spread over shards by hash (the shared-state pipeline)."""
     rules, layout = config.rules, config.layout
     outcomes: Counter[str] = Counter()
-    entries = _named(requests, rules, outcomes) + _loose(requests, users, rules, outcomes)
-    arr = np.asarray(entries, dtype=np.float64).reshape(-1, 3)
-    scores = score_sparse(
-        len(requests),
-        arr[:, 0].astype(np.int64),
-        arr[:, 1].astype(np.int64),
-        arr[:, 2],
-        config.scoring,
-    )
     impression_ms = np.fromiter(
         (r.timestamp_ms for r in requests), dtype=np.int64, count=len(requests)
     )
+    attributed = Attributed.join(
+        [_named(requests, impression_ms, rules, outcomes), _loose(requests, users, rules, outcomes)]
+    )
+    scores = score_sparse(len(requests), *attributed, config.scoring)
+    user_ids = [r.user_id for r in requests]
     cap = config.min_relevant_history
-    earlier = _earlier_relevant(requests, history or History(), impression_ms, cap)
-    cohort = cohort_codes(earlier, cap) - 1
+    cohort = cohorts(user_ids, impression_ms, history or History(), cap) - 1
     deadlines = impression_ms + config.deadline(0)  # a constant delay after each impression
     codes = encode_top([r.attributes for r in requests], max(config.scoring.ks))
     diversity = np.column_stack(
@@ -257,24 +327,34 @@ def finalise(
     return Finalised(
         requests,
         contribution_rows(scores, diversity, overlap),
-        cohort.astype(np.int64),
-        user_buckets([r.user_id for r in requests], layout)
+        cohort,
+        user_buckets(user_ids, layout)
         if partition is None
-        else partition_user_buckets([r.user_id for r in requests], layout, partition),
+        else partition_user_buckets(user_ids, layout, partition),
         deadlines,
         outcomes,
-        observations(requests, entries) if config.propensity_positions else [],
+        observations(
+            [r.context for r in requests],
+            [r.items for r in requests],
+            [r.randomization for r in requests],
+            attributed,
+        )
+        if config.propensity_positions
+        else [],
         config.propensity_positions,
     )
 
 
 def observations(
-    requests: list[OpenRequest], entries: list[tuple[int, int, float]]
+    contexts: Sequence[str],
+    lists: Sequence[Sequence[str]],
+    randomizations: Sequence[tuple[str, int] | None],
+    attributed: Attributed,
 ) -> list[Observation]:
-    """What each request tells the propensity estimators: its clicked positions."""
-    rows, positions, grades = zip(*entries, strict=True) if entries else ((), (), ())
-    clicked = clicked_positions(len(requests), rows, positions, grades)
+    """What each request tells the propensity estimators: its context, its list, its
+    randomisation, and the positions it had a relevant attribution at."""
+    clicked = clicked_positions(len(lists), *(c.tolist() for c in attributed))
     return [
-        Observation(r.context, r.items, c, r.randomization)
-        for r, c in zip(requests, clicked, strict=True)
+        Observation(context, items, c, rnd)
+        for context, items, c, rnd in zip(contexts, lists, clicked, randomizations, strict=True)
     ]

@@ -14,30 +14,34 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from evaluator.aggregate import Moments, group_moments
-from evaluator.cohort import COLD_START, ESTABLISHED, cohort_codes, earlier_counts
+from evaluator.aggregate import group_rows
+from evaluator.cohort import COLD_START, ESTABLISHED
 from evaluator.config import Settings
 from evaluator.events import Impression, ImpressionBatch, InteractionColumns
-from evaluator.join import (
-    JoinRules,
-    UserImpressions,
-    count_outcomes,
-    join_by_request_batch,
-    join_by_user_batch,
-    user_order,
+from evaluator.finalise import (
+    Attributed,
+    History,
+    LooseInteractions,
+    NamedInteractions,
+    attribute_loose,
+    attribute_named,
 )
+from evaluator.finalise import cohorts as finalise_cohorts
+from evaluator.finalise import observations as finalise_observations
+from evaluator.join import JoinRules, UserImpressions, user_order
 from evaluator.propensity_estimation import (
     Estimate,
     Observation,
-    clicked_positions,
     counter_day,
     estimate_all,
     first_kept_day,
     increments,
 )
 from evaluator.scoring import RequestScores, score_sparse
+from evaluator.windows import contribution_rows
 
 I64 = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
 
 
 @dataclass(slots=True)
@@ -67,11 +71,9 @@ def dedupe_impressions(batch: ImpressionBatch) -> Requests:
 
 @dataclass(slots=True)
 class Attribution:
-    """Attributed grades as parallel columns, and what happened to every interaction."""
+    """Attributed grades as columns, and what happened to every interaction."""
 
-    row: list[int] = field(default_factory=list)
-    position: list[int] = field(default_factory=list)
-    grade: list[float] = field(default_factory=list)
+    attributed: Attributed = field(default_factory=lambda: Attributed.join([]))
     outcomes: Counter[str] = field(default_factory=Counter)
     duplicates: int = 0
     relevant_user: list[str] = field(default_factory=list)
@@ -84,8 +86,8 @@ def attribute(
 ) -> Attribution:
     """Apply the join rules to every interaction, ignoring repeated event ids.
 
-    Interactions naming a request and the others each go through one batch join
-    (the same functions live finalisation calls)."""
+    Interactions naming a request and the others each go through one batch join:
+    the functions live finalisation calls, with every request of the files due."""
     rules = settings.join.rules()
     result = Attribution()
     seen: set[str] = set()
@@ -97,71 +99,71 @@ def attribute(
     result.relevant_user = [users[i] for i in relevant]
     result.relevant_ms = [times[i] for i in relevant]
     named = interactions.request_id
-    for join, picked in (
-        (_join_named, [i for i in fresh if named[i]]),
-        (_join_loose, [i for i in fresh if not named[i]]),
-    ):
-        if picked:
-            codes, rows, positions = join(requests, interactions, picked, rules)
-            _record(result, [grade[i] for i in picked], codes, rows, positions)
+    request_ms = np.asarray(requests.timestamp_ms, dtype=np.int64)
+    by_request = requests.by_request
+    picked = [i for i in fresh if named[i]]
+    parts = [
+        attribute_named(
+            request_ms,
+            [e.items for e in requests.events],
+            NamedInteractions(
+                [by_request.get(named[i], -1) for i in picked],
+                *_columns(interactions, picked),
+            ),
+            rules,
+            result.outcomes,
+        )
+    ]
+    picked = [i for i in fresh if not named[i]]
+    if picked:
+        parts.append(
+            _join_loose(
+                requests, request_ms, interactions, picked, rules=rules, outcomes=result.outcomes
+            )
+        )
+    result.attributed = Attributed.join(parts)
     return result
 
 
-JoinResult = tuple[npt.NDArray[np.int8], I64, I64]
-"""Per interaction: outcome code, request row (valid where attributed), item position."""
-
-
-def _record(
-    result: Attribution, grades: list[float], codes: npt.NDArray[np.int8], rows: I64, positions: I64
-) -> None:
-    """Count the outcomes and keep the attributed (row, position, grade) entries."""
-    count_outcomes(codes, result.outcomes)
-    ok = np.flatnonzero(codes == 0)
-    result.row += rows[ok].tolist()
-    result.position += positions[ok].tolist()
-    result.grade += [grades[j] for j in ok.tolist()]
-
-
-def _join_named(
-    requests: Requests, interactions: InteractionColumns, picked: list[int], rules: JoinRules
-) -> JoinResult:
-    """Interactions with a request id, all at once."""
-    by_request = requests.by_request
-    named, items = interactions.request_id, interactions.item_id
-    rows = [by_request.get(named[i], -1) for i in picked]
-    times = np.fromiter(
-        (interactions.timestamp_ms[i] for i in picked), dtype=np.int64, count=len(picked)
+def _columns(
+    interactions: InteractionColumns, picked: list[int]
+) -> tuple[list[str], I64, npt.NDArray[np.float64]]:
+    """Item ids, times and grades of the picked interactions."""
+    times, grades = interactions.timestamp_ms, interactions.grade
+    n = len(picked)
+    return (
+        [interactions.item_id[i] for i in picked],
+        np.fromiter((times[i] for i in picked), dtype=np.int64, count=n),
+        np.fromiter((grades[i] for i in picked), dtype=np.float64, count=n),
     )
-    codes, positions = join_by_request_batch(
-        [items[i] for i in picked],
-        times,
-        rows,
-        np.asarray(requests.timestamp_ms, dtype=np.int64),
-        [e.items for e in requests.events],
-        rules=rules,
-    )
-    return codes, np.asarray(rows, dtype=np.int64), positions
 
 
 def _join_loose(
-    requests: Requests, interactions: InteractionColumns, picked: list[int], rules: JoinRules
-) -> JoinResult:
+    requests: Requests,
+    request_ms: I64,
+    interactions: InteractionColumns,
+    picked: list[int],
+    *,
+    rules: JoinRules,
+    outcomes: Counter[str],
+) -> Attributed:
     """Interactions without a request id: the user's latest impression with the item."""
     events = requests.events
     index: dict[str, int] = {}
     imp_user = _first_seen_codes([e.user_id for e in events], index)
-    imp_ms = np.asarray(requests.timestamp_ms, dtype=np.int64)
-    order = user_order(imp_user, imp_ms, [e.request_id for e in events])
-    users, times = interactions.user_id, interactions.timestamp_ms
-    codes, chosen, positions = join_by_user_batch(
-        [interactions.item_id[i] for i in picked],
-        np.fromiter((times[i] for i in picked), dtype=np.int64, count=len(picked)),
-        np.fromiter((index.get(users[i], -1) for i in picked), dtype=np.int64, count=len(picked)),
-        UserImpressions(imp_user[order], imp_ms[order], [events[r].items for r in order.tolist()]),
-        rules=rules,
+    order = user_order(imp_user, request_ms, [e.request_id for e in events])
+    users = interactions.user_id
+    return attribute_loose(
+        UserImpressions(imp_user[order], request_ms[order], [events[r].items for r in order]),
+        order,
+        LooseInteractions(
+            np.fromiter((index.get(users[i], -1) for i in picked), np.int64, len(picked)),
+            *_columns(interactions, picked),
+        ),
+        rules,
+        outcomes,
+        classify=True,
     )
-    rows = order[np.maximum(chosen, 0)] if order.size else np.full(len(picked), -1, np.int64)
-    return codes, rows, positions
 
 
 def _first_seen_codes(values: list[str], index: dict[str, int]) -> I64:
@@ -194,13 +196,13 @@ class ScoredRequests:
 
 def observations(requests: Requests, attribution: Attribution) -> list[Observation]:
     """Each request as the propensity estimators see it (its clicked positions)."""
-    clicked = clicked_positions(
-        len(requests.events), attribution.row, attribution.position, attribution.grade
+    events = requests.events
+    return finalise_observations(
+        [e.context or "" for e in events],
+        [e.items for e in events],
+        [e.randomization.key() if e.randomization else None for e in events],
+        attribution.attributed,
     )
-    return [
-        Observation(e.context or "", e.items, c, e.randomization.key() if e.randomization else None)
-        for e, c in zip(requests.events, clicked, strict=True)
-    ]
 
 
 def estimate_propensities(
@@ -231,12 +233,14 @@ def variant_codes(requests: Requests) -> VariantCodes:
 
 def cohorts(requests: Requests, relevant_user: list[str], relevant_ms: list[int], cap: int) -> I64:
     """Cohort code of each request from its user's relevant interactions before it."""
-    n = len(requests.events)
-    codes = _first_seen_codes([e.user_id for e in requests.events] + relevant_user, {})
+    codes: dict[str, int] = {}
+    history = History(
+        codes,
+        _first_seen_codes(relevant_user, codes),
+        np.asarray(relevant_ms, dtype=np.int64),
+    )
     request_ms = np.asarray(requests.timestamp_ms, dtype=np.int64)
-    history_ms = np.asarray(relevant_ms, dtype=np.int64)
-    earlier = earlier_counts(codes[n:], history_ms, codes[:n], request_ms, cap)
-    return cohort_codes(earlier, cap)
+    return finalise_cohorts([e.user_id for e in requests.events], request_ms, history, cap)
 
 
 def score(
@@ -252,24 +256,22 @@ def score(
     ``curve`` is the propensity curve when the model is ``estimated``."""
     events = requests.events
     n = len(events)
-    scores = score_sparse(
-        n,
-        np.asarray(attribution.row, dtype=np.int64),
-        np.asarray(attribution.position, dtype=np.int64),
-        np.asarray(attribution.grade, dtype=np.float64),
-        settings.scoring(curve),
-    )
+    scores = score_sparse(n, *attribution.attributed, settings.scoring(curve))
     variant_names, variant = variants or variant_codes(requests)
     cap = settings.cold_start.min_relevant_history
     cohort = cohorts(requests, attribution.relevant_user, attribution.relevant_ms, cap)
     return ScoredRequests(requests, scores, variant_names, variant, cohort)
 
 
-def moments_by_variant_cohort(scored: ScoredRequests) -> tuple[Moments, Moments]:
-    """Moments per variant (all cohorts) and per (variant, cohort) with group v*3+cohort."""
-    n_var = len(scored.variant_names)
-    overall = group_moments(scored.variant, n_var, scored.scores)
-    by_cohort = group_moments(scored.variant * 3 + scored.cohort, n_var * 3, scored.scores)
+def rows_by_variant_cohort(scored: ScoredRequests) -> tuple[FloatArray, FloatArray]:
+    """Statistics rows summed per variant (all cohorts) and per (variant, cohort) with
+    group v*3+cohort: the sums live window buckets hold (diversity and overlap are left
+    out: replay reports set-level metrics of its own)."""
+    n_var, n = len(scored.variant_names), len(scored.variant)
+    scores = scored.scores
+    rows = contribution_rows(scores, np.full((n, len(scores.ks)), np.nan), np.full(n, np.nan))
+    overall = group_rows(scored.variant, n_var, rows)
+    by_cohort = group_rows(scored.variant * 3 + scored.cohort, n_var * 3, rows)
     return overall, by_cohort
 
 
@@ -283,7 +285,7 @@ __all__ = [
     "cohorts",
     "dedupe_impressions",
     "estimate_propensities",
-    "moments_by_variant_cohort",
+    "rows_by_variant_cohort",
     "score",
     "variant_codes",
 ]

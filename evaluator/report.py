@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from evaluator.ab_report import ab_lines
-from evaluator.aggregate import Moments
+from evaluator.aggregate import FloatArray, row_mean
 from evaluator.config import Settings
 from evaluator.events import Impression
 from evaluator.metrics.composite import composite_score
@@ -21,7 +21,7 @@ from evaluator.metrics.setlevel import (
     encode_top,
     intra_list_diversity,
 )
-from evaluator.replay import ScoredRequests, VariantCodes, moments_by_variant_cohort
+from evaluator.replay import ScoredRequests, VariantCodes, rows_by_variant_cohort
 from evaluator.scoring import METRICS, RequestScores
 from evaluator.sources.files import Damage
 
@@ -44,16 +44,20 @@ def _finite(value: float) -> float | None:
     return None if math.isnan(value) else float(value)
 
 
-def _metric_block(moments: Moments, group: int, ks: tuple[int, ...], policy: str) -> dict[str, Any]:
-    means = moments.means("skip" if policy == "skip" else "count")[group]
+def _metric_block(row: FloatArray, ks: tuple[int, ...], policy: str) -> dict[str, Any]:
+    """Counts and means of one group's summed statistics row (read as the exporter reads
+    a window's)."""
     columns = RequestScores.columns(ks)
+    requests, engaged = int(row[0]), int(row[1])
     block: dict[str, Any] = {
-        "requests": int(moments.count[group]),
-        "engaged": int(moments.engaged[group]),
-        "unengaged": int(moments.count[group] - moments.engaged[group]),
+        "requests": requests,
+        "engaged": engaged,
+        "unengaged": requests - engaged,
     }
     for metric in METRICS:
-        block[metric] = {str(k): _finite(means[columns.index((metric, k))]) for k in ks}
+        block[metric] = {
+            str(k): _finite(row_mean(row, 2 + columns.index((metric, k)), policy)) for k in ks
+        }
     return block
 
 
@@ -112,18 +116,18 @@ def build_report(
     ``setlevel`` is :func:`set_level`'s result when the caller computed it already."""
     ks = tuple(settings.metrics.k)
     policy = settings.metrics.zero_relevance
-    overall, by_cohort = moments_by_variant_cohort(scored)
+    overall, by_cohort = rows_by_variant_cohort(scored)
     if setlevel is None:
         setlevel = set_level(
             scored.requests.events, (scored.variant_names, scored.variant), settings
         )
     variants: dict[str, Any] = {}
     for code, name in enumerate(scored.variant_names):
-        block = _metric_block(overall, code, ks, policy)
+        block = _metric_block(overall[code], ks, policy)
         block.update(setlevel[name])
         block["composite"] = _composite(block, settings.metrics.composite)
         block["cohorts"] = {
-            label: _metric_block(by_cohort, code * 3 + cohort, ks, policy)
+            label: _metric_block(by_cohort[code * 3 + cohort], ks, policy)
             for cohort, label in COHORT_NAMES.items()
         }
         variants[name] = block
