@@ -194,6 +194,51 @@ def test_segments_hold_at_most_segment_rows_and_restore_whole() -> None:
     assert_same_state(state, engine.state)
 
 
+def test_interactions_naming_unknown_requests_expire_alike_when_restored() -> None:
+    """An interaction naming a request that never arrives waits one ``finalised_ttl``
+    of data time, then its ``i:`` field is deleted, in the engine and in a state rebuilt
+    from the changelog. One naming an open request is removed by the request's
+    finalisation and has no expiry entry (the expiry heap would otherwise hold every
+    interaction of the TTL)."""
+    settings = load_settings(environ={})
+    ttl = 30 * 60_000
+    config = dataclasses.replace(engine_config(settings), finalised_ttl_ms=ttl)
+    t0 = 1_000_000_000
+    imp = {"event_id": "i1", "request_id": "q1", "user_id": "u1", "variant": "a"}
+    click = {"user_id": "u1", "item_id": "x", "type": "click"}
+    first = [
+        ("impressions", {**imp, "timestamp": t0, "items": ["x", "y"]}),
+        ("interactions", {**click, "event_id": "e1", "request_id": "q1", "timestamp": t0 + 1}),
+        ("interactions", {**click, "event_id": "e2", "request_id": "ghost", "timestamp": t0 + 2}),
+    ]
+    for restored in (False, True):
+        engine = PartitionEngine(0, config)
+        changelog: dict[str, bytes] = {}
+        step(engine, first, settings)
+        kept = [key for _, kind, key in engine.state.expiry if kind == 3]
+        assert kept == ["e2"]
+        apply_changes(changelog, engine.take()[0])
+        assert {"i:e1", "i:e2"} <= changelog.keys()
+        if restored:
+            state = restore_state(changelog.items(), config.finalise.deadline, config.history_cap)
+            assert [key for _, kind, key in state.expiry if kind == 3] == ["e2"]
+            engine = PartitionEngine(0, config, state, engine.watermark_ms, engine.input_times())
+        # data time moves on past the TTL: q1 is final, then the orphan expires
+        for ts in (t0 + ttl // 2, t0 + ttl + config.horizon_ms + 10_000):
+            later = {**imp, "event_id": f"i{ts}", "request_id": f"q{ts}", "timestamp": ts}
+            own = {**click, "event_id": f"e{ts}", "request_id": f"q{ts}", "timestamp": ts}
+            step(
+                engine,
+                [("impressions", {**later, "items": ["z"]}), ("interactions", own)],
+                settings,
+            )
+            engine.finalise_due()
+            apply_changes(changelog, engine.take()[0])
+        assert "i:e1" not in changelog
+        assert "i:e2" not in changelog, restored
+        assert not {"e1", "e2"} & engine.state.named_rid.keys()
+
+
 def test_requests_stored_one_field_each_load_and_go_when_final() -> None:
     """A partition written before request segments holds one ``r:`` field per open
     request: they load as open, and each field is deleted when its request is final."""

@@ -39,7 +39,6 @@ def restore_state(
             rid, item, ts, grade = _decode(raw)
             state.named.setdefault(rid, {})[key] = PendingInteraction(key, item, ts, grade)
             state.named_rid[key] = rid
-            state.expiry.append((ts, 3, key))
         elif kind == "l":
             uid, item, ts, grade = _decode(raw)
             state.user(uid).loose[key] = PendingInteraction(key, item, ts, grade)
@@ -61,6 +60,13 @@ def restore_state(
             state.expiry.append((t, 1, key))
     _remark(state, markers)
     _reopen(state, rows, deadline)
+    requests = state.requests
+    state.expiry += [  # as :meth:`PartitionState.add_named` keeps them
+        (it.timestamp_ms, 3, eid)
+        for rid, waiting in state.named.items()
+        if rid not in requests
+        for eid, it in waiting.items()
+    ]
     for heap in (state.segments, state.marker_segments):
         heapq.heapify(heap)
     heapq.heapify(state.deadlines)

@@ -59,8 +59,10 @@ class PartitionState:
     """Event ids of loose interactions pruned or counted late -> event time."""
     expiry: list[tuple[int, int, str]] = field(default_factory=list)
     """Heap of (time, kind, key) of markers (0: ``f:``, 1: ``x:``) and of interactions
-    naming a request that never arrived (3: ``i:``), dropped once the watermark passes
-    time + the marker TTL."""
+    naming a request not open when they came (3: ``i:``; one that never arrives), dropped
+    once the watermark passes time + the marker TTL. An interaction naming an open
+    request has no entry: the request's finalisation removes it (so this heap does not
+    hold every interaction of the marker TTL)."""
     loose_expiry: list[tuple[int, int, str]] = field(default_factory=list)
     """Heap of (time, 2, user US event) of loose interactions, dropped past the horizon."""
     exposed: dict[str, tuple[str, int]] = field(default_factory=dict)
@@ -141,7 +143,8 @@ class PartitionState:
     def add_named(self, rid: str, it: PendingInteraction) -> None:
         self.named.setdefault(rid, {})[it.event_id] = it
         self.named_rid[it.event_id] = rid
-        heapq.heappush(self.expiry, (it.timestamp_ms, 3, it.event_id))
+        if rid not in self.requests:  # else its request's finalisation removes it
+            heapq.heappush(self.expiry, (it.timestamp_ms, 3, it.event_id))
         self._create("i:" + it.event_id, _encode((rid, it.item_id, it.timestamp_ms, it.grade)))
 
     def add_loose(self, user_id: str, it: PendingInteraction) -> None:
