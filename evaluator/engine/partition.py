@@ -183,8 +183,7 @@ class PartitionEngine:
                 elif eid in marker[1]:
                     counts.duplicates += 1
                 else:
-                    marker[1].add(eid)
-                    state.mark_final(named, marker[0], marker[1])
+                    state.mark_final(named, marker[0], tuple(sorted((*marker[1], eid))))
                     counts.late += 1
             elif ts < loose_late_before:
                 state.mark_seen(eid, ts)

@@ -47,7 +47,7 @@ def restore_state(
             state.user(key).history = [(t, e) for t, e in _decode(raw)]
         elif kind == "f":
             d, ids = _decode(raw)
-            state.final[key] = (d, set(ids))
+            state.final[key] = (d, tuple(ids))
             state.expiry.append((d, 0, key))
             state.overridden.add(key)
         elif kind == "e":
@@ -113,7 +113,7 @@ def _remark(state: PartitionState, markers: list[list[Any]]) -> None:
     for rid, d, ids in markers:
         if rid in state.overridden or (before is not None and d < before):
             continue
-        state.final[rid] = (d, set(ids))
+        state.final[rid] = (d, tuple(ids))
         state.expiry.append((d, 0, rid))
 
 

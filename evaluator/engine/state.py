@@ -53,8 +53,10 @@ class PartitionState:
     named_rid: dict[str, str] = field(default_factory=dict)
     """Event id of a waiting named interaction -> its request id."""
     users: dict[str, UserState] = field(default_factory=dict)
-    final: dict[str, tuple[int, set[str]]] = field(default_factory=dict)
-    """Finalised request -> (deadline, ids of the interactions applied or counted late)."""
+    final: dict[str, tuple[int, tuple[str, ...]]] = field(default_factory=dict)
+    """Finalised request -> (deadline, sorted ids of the interactions applied or counted
+    late). A tuple, not a set: markers live for ``finalised_ttl`` (millions of them),
+    and most hold zero to two ids (an empty set alone costs 216 bytes)."""
     seen: dict[str, int] = field(default_factory=dict)
     """Event ids of loose interactions pruned or counted late -> event time."""
     expiry: list[tuple[int, int, str]] = field(default_factory=list)
@@ -197,13 +199,14 @@ class PartitionState:
             self.changes["e:" + key] = None
         return len(gone)
 
-    def mark_final(self, rid: str, deadline_ms: int, event_ids: set[str]) -> None:
-        """Change a finalised request's marker (an interaction counted late)."""
+    def mark_final(self, rid: str, deadline_ms: int, event_ids: tuple[str, ...]) -> None:
+        """Change a finalised request's marker (an interaction counted late); ``event_ids``
+        sorted."""
         self.final[rid] = (deadline_ms, event_ids)
         heapq.heappush(self.expiry, (deadline_ms, 0, rid))
         if rid in self.marked:  # its segment is not written yet
             return
-        value = _encode((deadline_ms, sorted(event_ids)))
+        value = _encode((deadline_ms, event_ids))
         if rid in self.overridden:
             self.changes["f:" + rid] = value
         else:  # a field of its own overrides the written segment's row
@@ -228,7 +231,7 @@ class PartitionState:
                 legacy.discard(rid)
                 changes["r:" + rid] = None
             waiting = named.pop(rid, None)
-            applied = set(waiting) if waiting else set()
+            applied = tuple(sorted(waiting)) if waiting else ()
             for eid in applied:
                 named_rid.pop(eid, None)
                 self._delete("i:" + eid)
@@ -357,7 +360,7 @@ class PartitionState:
             part = rows[start : start + self.segment_rows]
             name = f"g:{self.next_marker_segment}"
             self.next_marker_segment += 1
-            out[name] = _encode([(rid, d, sorted(ids)) for rid, d, ids in part])
+            out[name] = _encode(part)
             heapq.heappush(self.marker_segments, (max(d for _, d, _ in part), name))
 
 
