@@ -10,6 +10,9 @@ partition state hash's ``MEMORY USAGE`` (every field counted) per open request,
 the process's traced allocations per open request (tracemalloc, the engine's
 state only), and the median over repeats of claim + load + rebuild by a new
 owner (``Tasks.assign``), with the garbage collector tuned as ``evaluator run`` tunes it.
+Then the new owner finalises every request: the same two memory figures per
+finalised marker (what ``redis.finalised_ttl`` keeps; the process figure counts
+what finalisation allocated, not the request id it keeps as the marker's key).
 """
 
 from __future__ import annotations
@@ -92,14 +95,34 @@ def main() -> None:
         loads.append(time.perf_counter() - started)
         loaded = other.owned[0].engine.open_requests()
         assert loaded == args.requests, (loaded, engine.open_requests())
+    marker_redis, marker_process = _markers(other, raw, state, args.requests)
     print(f"machine: {machine()}")
     print(f"{args.requests:,} open requests of 20 items (with a diversity attribute)")
     print(f"  Redis memory per open request  : {redis_bytes:,.0f} bytes")
     print(f"  process memory per open request: {process_bytes:,.0f} bytes (tracemalloc)")
     print(f"  new owner's load (claim, read, rebuild): median {statistics.median(loads):.2f} s")
+    print(f"  Redis memory per finalised marker  : {marker_redis:,.0f} bytes")
+    print(f"  process memory per finalised marker: {marker_process:,.0f} bytes (tracemalloc)")
     for key in raw.scan_iter(f"{{{prefix}:*", count=1000):
         raw.unlink(key)
     raw.delete(f"{{{prefix}:meta}}:layout")
+
+
+def _markers(tasks: Tasks, raw: redis.Redis, state: str, n: int) -> tuple[float, float]:
+    """Finalise every open request of the loaded partition and checkpoint: bytes per
+    finalised marker in the state hash and in the process."""
+    owned = tasks.owned[0]
+    engine = owned.engine
+    tracemalloc.start()
+    # every deadline passed; markers stay (they expire by the data's own time)
+    engine.watermark_ms = T0 + n + 86_400_000
+    owned.done += engine.finalise_due()
+    assert engine.open_requests() == 0
+    tasks._checkpoint(0, owned)
+    process = tracemalloc.get_traced_memory()[0] / n
+    tracemalloc.stop()
+    assert len(engine.state.final) == n
+    return int(raw.memory_usage(state, samples=0) or 0) / n, process  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":
