@@ -72,19 +72,6 @@ class OpenRequest:
 
 
 @dataclass(slots=True)
-class UserContext:
-    """What the user-based join needs about one user with request-less interactions.
-
-    Impressions are the user's open ones, sorted by (timestamp, request id).
-    """
-
-    impression_ms: Sequence[int] = ()
-    impression_ids: Sequence[str] = ()
-    impression_items: Sequence[list[str]] = ()
-    loose: Sequence[PendingInteraction] = ()
-
-
-@dataclass(slots=True)
 class History:
     """The cold-start histories of the due requests' users, as columns: each user's
     code, and one (user code, time) entry per relevant interaction kept."""
@@ -211,6 +198,16 @@ class LooseInteractions(NamedTuple):
     grade: FloatArray
 
 
+class LooseJoin(NamedTuple):
+    """What the user-based join of the due requests' users needs, as columns: their
+    open impressions (sorted by user code, time, request id) with each one's request
+    id, and their request-less interactions (user codes as in ``impressions``)."""
+
+    impressions: UserImpressions
+    impression_ids: Sequence[str]
+    interactions: LooseInteractions
+
+
 def _named(
     requests: list[OpenRequest], request_ms: I64, rules: JoinRules, outcomes: Counter[str]
 ) -> Attributed:
@@ -231,34 +228,17 @@ def _named(
 
 
 def _loose(
-    requests: list[OpenRequest],
-    users: dict[str, UserContext],
-    rules: JoinRules,
-    outcomes: Counter[str],
+    requests: list[OpenRequest], loose: LooseJoin, rules: JoinRules, outcomes: Counter[str]
 ) -> Attributed:
     """Request-less interactions whose user-based join picks one of ``requests``."""
-    mine = [ctx for ctx in users.values() if ctx.loose and ctx.impression_ms]
-    if not mine:
-        return Attributed.join([])
     row_of = {r.request_id: row for row, r in enumerate(requests)}
-    loose = [it for ctx in mine for it in ctx.loose]
-    user_codes = np.arange(len(mine), dtype=np.int64)
-    impressions = UserImpressions(  # each user's are sorted already; users follow in order
-        np.repeat(user_codes, [len(ctx.impression_ms) for ctx in mine]),
-        np.fromiter((t for ctx in mine for t in ctx.impression_ms), dtype=np.int64),
-        [items for ctx in mine for items in ctx.impression_items],
-    )
     impression_row = np.fromiter(
-        (row_of.get(rid, -1) for ctx in mine for rid in ctx.impression_ids), dtype=np.int64
-    )
-    interactions = LooseInteractions(
-        np.repeat(user_codes, [len(ctx.loose) for ctx in mine]),
-        [it.item_id for it in loose],
-        np.fromiter((it.timestamp_ms for it in loose), dtype=np.int64, count=len(loose)),
-        np.fromiter((it.grade for it in loose), dtype=np.float64, count=len(loose)),
+        map(row_of.get, loose.impression_ids, repeat(-1)),
+        dtype=np.int64,
+        count=len(loose.impression_ids),
     )
     return attribute_loose(
-        impressions, impression_row, interactions, rules, outcomes, classify=False
+        loose.impressions, impression_row, loose.interactions, rules, outcomes, classify=False
     )
 
 
@@ -292,15 +272,15 @@ class FinaliseConfig:
 
 def finalise(
     requests: list[OpenRequest],
-    users: dict[str, UserContext],
+    loose: LooseJoin | None,
     config: FinaliseConfig,
     partition: int | None = None,
     history: History | None = None,
 ) -> Finalised:
     """Score due requests; the caller adds the rows to the window buckets atomically.
 
-    ``users``: the due requests' users with request-less interactions; ``history``:
-    their cold-start histories (None: none).
+    ``loose``: the due requests' users with request-less interactions (None: none);
+    ``history``: their cold-start histories (None: none).
 
     ``partition``: the requests belong to that partition's shard (the partition-owned
     engine); None: users are spread over shards by hash (the shared-state pipeline)."""
@@ -309,9 +289,10 @@ def finalise(
     impression_ms = np.fromiter(
         (r.timestamp_ms for r in requests), dtype=np.int64, count=len(requests)
     )
-    attributed = Attributed.join(
-        [_named(requests, impression_ms, rules, outcomes), _loose(requests, users, rules, outcomes)]
-    )
+    parts = [_named(requests, impression_ms, rules, outcomes)]
+    if loose is not None:
+        parts.append(_loose(requests, loose, rules, outcomes))
+    attributed = Attributed.join(parts)
     scores = score_sparse(len(requests), *attributed, config.scoring)
     user_ids = [r.user_id for r in requests]
     cap = config.min_relevant_history

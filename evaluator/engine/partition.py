@@ -27,11 +27,13 @@ from evaluator.finalise import (
     FinaliseConfig,
     Finalised,
     History,
+    LooseInteractions,
+    LooseJoin,
     OpenRequest,
     PendingInteraction,
-    UserContext,
     finalise,
 )
+from evaluator.join import UserImpressions, user_order
 
 HOLD_MS = -(2**61)
 """A limit at or below this holds the watermark where it is (None stays None)."""
@@ -331,33 +333,51 @@ class PartitionEngine:
         request.interactions = list(waiting.values()) if waiting else []
         return request
 
-    def _contexts(self, due: list[OpenRequest]) -> tuple[dict[str, UserContext], History]:
+    def _contexts(self, due: list[OpenRequest]) -> tuple[LooseJoin | None, History]:
         """The due requests' users as finalisation sees them: for those with loose
-        interactions, their open impressions (sorted by time, then id) and those
-        interactions; for all, their cold-start histories."""
+        interactions, their open impressions and those interactions (columns for the
+        user-based join); for all, their cold-start histories."""
         state = self.state
         codes = {uid: code for code, uid in enumerate(dict.fromkeys([r.user_id for r in due]))}
-        joined: dict[str, UserContext] = {}
         history_user: list[int] = []
         history_ms: list[int] = []
-        for code, (uid, user) in enumerate(zip(codes, map(state.users.get, codes), strict=True)):
+        imp_user: list[int] = []
+        imp_ms: list[int] = []
+        imp_ids: list[str] = []
+        loose: list[PendingInteraction] = []
+        loose_user: list[int] = []
+        for code, user in enumerate(map(state.users.get, codes)):
             if user is None:
                 continue
             if user.history:
                 history_user += [code] * len(user.history)
                 history_ms += [t for t, _ in user.history]
-            if user.loose:
-                ordered = sorted((ts, rid) for rid, ts in user.open.items())
-                joined[uid] = UserContext(
-                    impression_ms=[ts for ts, _ in ordered],
-                    impression_ids=[rid for _, rid in ordered],
-                    impression_items=[state.requests[rid].items for _, rid in ordered],
-                    loose=sorted(user.loose.values()),
-                )
+            if user.loose:  # the user has open requests: some are due
+                imp_user += [code] * len(user.open)
+                imp_ms += user.open.values()
+                imp_ids += user.open.keys()
+                waiting = sorted(user.loose.values())
+                loose += waiting
+                loose_user += [code] * len(waiting)
         history = History(
             codes, np.array(history_user, dtype=np.int64), np.array(history_ms, dtype=np.int64)
         )
-        return joined, history
+        if not loose:
+            return None, history
+        users, times = np.array(imp_user, dtype=np.int64), np.array(imp_ms, dtype=np.int64)
+        order = user_order(users, times, imp_ids).tolist()
+        ids = [imp_ids[i] for i in order]
+        requests = state.requests
+        impressions = UserImpressions(
+            users[order], times[order], [requests[rid].items for rid in ids]
+        )
+        interactions = LooseInteractions(
+            np.array(loose_user, dtype=np.int64),
+            [it.item_id for it in loose],
+            np.fromiter((it.timestamp_ms for it in loose), dtype=np.int64, count=len(loose)),
+            np.fromiter((it.grade for it in loose), dtype=np.float64, count=len(loose)),
+        )
+        return LooseJoin(impressions, ids, interactions), history
 
     def _sweep_history(self, watermark: int) -> None:
         """Expire cold-start histories past their TTL, once per TTL/10 of event time."""
