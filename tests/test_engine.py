@@ -182,11 +182,24 @@ def test_segments_hold_at_most_segment_rows_and_restore_whole() -> None:
     events = generate(4, requests=40, users=8)
     changelog: dict[str, bytes] = {}
     imps = sorted(events.impressions, key=lambda e: e["timestamp"])
-    step(engine, [("impressions", e) for e in imps], settings)
+    clicks = [  # one interaction naming each request: rows of interaction segments
+        {
+            "event_id": f"c{n}",
+            "user_id": e["user_id"],
+            "request_id": e["request_id"],
+            "item_id": e["items"][0],
+            "type": "click",
+            "timestamp": e["timestamp"] + 1,
+        }
+        for n, e in enumerate(imps)
+    ]
+    stream = [("impressions", e) for e in imps] + [("interactions", e) for e in clicks]
+    step(engine, stream, settings)
     engine.watermark_ms = config.finalise.deadline(imps[len(imps) // 2]["timestamp"])
     assert 3 < sum(len(d.requests) for d in engine.finalise_due()) < len(imps) - 3
     apply_changes(changelog, engine.take()[0])
-    for kind in "sg":
+    assert not [key for key in changelog if key.startswith("i:")]
+    for kind in "sgj":
         sizes = [len(msgspec.msgpack.decode(v)) for k, v in changelog.items() if k[0] == kind]
         assert len(sizes) > 1, kind
         assert max(sizes) <= 3, kind
@@ -197,9 +210,9 @@ def test_segments_hold_at_most_segment_rows_and_restore_whole() -> None:
 def test_interactions_naming_unknown_requests_expire_alike_when_restored() -> None:
     """An interaction naming a request that never arrives waits one ``finalised_ttl``
     of data time, then its ``i:`` field is deleted, in the engine and in a state rebuilt
-    from the changelog. One naming an open request is removed by the request's
-    finalisation and has no expiry entry (the expiry heap would otherwise hold every
-    interaction of the TTL)."""
+    from the changelog. One naming an open request is a row of an interaction segment,
+    consumed by the request's finalisation (the segment goes then), and has no expiry
+    entry (the expiry heap would otherwise hold every interaction of the TTL)."""
     settings = load_settings(environ={})
     ttl = 30 * 60_000
     config = dataclasses.replace(engine_config(settings), finalised_ttl_ms=ttl)
@@ -218,7 +231,8 @@ def test_interactions_naming_unknown_requests_expire_alike_when_restored() -> No
         kept = [key for _, kind, key in engine.state.expiry if kind == 3]
         assert kept == ["e2"]
         apply_changes(changelog, engine.take()[0])
-        assert {"i:e1", "i:e2"} <= changelog.keys()
+        assert "i:e2" in changelog  # its request is not open: a field of its own
+        assert [row[0] for row in msgspec.msgpack.decode(changelog["j:0"])] == ["e1"]
         if restored:
             state = restore_state(changelog.items(), config.finalise.deadline, config.history_cap)
             assert [key for _, kind, key in state.expiry if kind == 3] == ["e2"]
@@ -234,7 +248,7 @@ def test_interactions_naming_unknown_requests_expire_alike_when_restored() -> No
             )
             engine.finalise_due()
             apply_changes(changelog, engine.take()[0])
-        assert "i:e1" not in changelog
+        assert "j:0" not in changelog  # q1 is final
         assert "i:e2" not in changelog, restored
         assert not {"e1", "e2"} & engine.state.named_rid.keys()
 
@@ -259,6 +273,28 @@ def test_requests_stored_one_field_each_load_and_go_when_final() -> None:
     assert changes["r:q1"] is None
     assert "r:q2" not in changes
     assert not [key for key in changes if key.startswith("s:")]  # nothing new opened
+
+
+def test_interaction_fields_of_open_requests_load_and_go_when_final() -> None:
+    """A partition written before interaction segments holds one ``i:`` field per
+    waiting interaction, also for open requests: they load as waiting, join their
+    request, and each field is deleted when its request is final."""
+    settings = load_settings(environ={})
+    config = engine_config(settings)
+    request = msgspec.msgpack.encode(("u1", "a", 1_000, ["x", "y"], [], "", [], "", None))
+    fields = [
+        ("r:q1", request),
+        ("i:e1", msgspec.msgpack.encode(("q1", "y", 1_500, 1.0))),
+    ]
+    state = restore_state(fields, config.finalise.deadline, config.history_cap)
+    assert state.named == {"q1": {"e1": ("e1", "y", 1_500, 1.0)}}
+    engine = PartitionEngine(0, config, state)
+    engine.watermark_ms = config.finalise.deadline(1_000)
+    (done,) = engine.finalise_due()
+    assert done.rows[0, 1] == 1.0  # engaged: the interaction joined its request
+    changes, _ = engine.take()
+    assert changes["i:e1"] is None
+    assert changes["r:q1"] is None
 
 
 def test_engine_counts_duplicates_and_late(tmp_path) -> None:

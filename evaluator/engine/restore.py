@@ -2,7 +2,8 @@
 loads. Pure (the store reads the fields).
 
 Segments hold rows that may be dead by now: a request segment's row is final once
-the finalisation watermark (``w:``) has passed its deadline, and a marker
+the finalisation watermark (``w:``) has passed its deadline, an interaction
+segment's row is consumed once its request is not open any more, and a marker
 segment's row has expired once its deadline is before the expiry bound (``m:``)
 or is overridden by an ``f:`` field. :mod:`evaluator.engine.state` lists the
 fields.
@@ -29,6 +30,7 @@ def restore_state(
     state = PartitionState(history_cap=history_cap, delay_ms=deadline(0))
     rows: list[list[Any]] = []
     markers: list[list[Any]] = []
+    waiting: list[tuple[str, list[list[Any]]]] = []
     for name, raw in fields:
         kind, key = name[0], name[2:]
         if kind in "srwgm":
@@ -39,6 +41,10 @@ def restore_state(
             rid, item, ts, grade = _decode(raw)
             state.named.setdefault(rid, {})[key] = PendingInteraction(key, item, ts, grade)
             state.named_rid[key] = rid
+            state.fielded.add(key)
+        elif kind == "j":
+            waiting.append((name, _decode(raw)))
+            state.next_interaction_segment = max(state.next_interaction_segment, int(key) + 1)
         elif kind == "l":
             uid, item, ts, grade = _decode(raw)
             state.user(uid).loose[key] = PendingInteraction(key, item, ts, grade)
@@ -60,12 +66,13 @@ def restore_state(
             state.expiry.append((t, 1, key))
     _remark(state, markers)
     _reopen(state, rows, deadline)
+    _rewait(state, waiting, deadline)
     requests = state.requests
     state.expiry += [  # as :meth:`PartitionState.add_named` keeps them
         (it.timestamp_ms, 3, eid)
-        for rid, waiting in state.named.items()
+        for rid, pending in state.named.items()
         if rid not in requests
-        for eid, it in waiting.items()
+        for eid, it in pending.items()
     ]
     for heap in (state.segments, state.marker_segments):
         heapq.heapify(heap)
@@ -115,6 +122,26 @@ def _remark(state: PartitionState, markers: list[list[Any]]) -> None:
             continue
         state.final[rid] = (d, tuple(ids))
         state.expiry.append((d, 0, rid))
+
+
+def _rewait(
+    state: PartitionState, segments: list[tuple[str, list[list[Any]]]], deadline: Any
+) -> None:
+    """The waiting interactions among interaction segments' rows: those whose request
+    is open (its finalisation consumes the others). Each segment goes once every
+    request it names is final (at once if none is open)."""
+    requests, named, named_rid = state.requests, state.named, state.named_rid
+    gone = state.finalised_ms if state.finalised_ms is not None else -(2**62)
+    for name, rows in segments:
+        last = gone
+        for eid, rid, item, ts, grade in rows:
+            request = requests.get(rid)
+            if request is None:
+                continue
+            named.setdefault(rid, {})[eid] = PendingInteraction(eid, item, ts, grade)
+            named_rid[eid] = rid
+            last = max(last, deadline(request.timestamp_ms))
+        state.segments.append((last, name))
 
 
 def _reopen(state: PartitionState, rows: list[list[Any]], deadline: Any) -> None:

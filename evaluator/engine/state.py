@@ -7,7 +7,7 @@ history), each user's first exposure per experiment, and markers of what was
 finalised or counted late (so a redelivery is a duplicate, not new). Pure: no I/O.
 
 Every change is recorded as a field of the partition's changelog
-(``s:<n>``, ``w:``, ``g:<n>``, ``m:``, ``f:<request>``, ``i:<event>``, ``l:<event>``,
+(``s:<n>``, ``w:``, ``j:<n>``, ``g:<n>``, ``m:``, ``f:<request>``, ``i:<event>``, ``l:<event>``,
 ``h:<user>``, ``x:<event>``, ``e:<experiment US user>``), with the field's new encoded value or
 ``None`` for a deletion. A store keeps those fields as one hash per partition: the
 hash *is* the compacted changelog, and :func:`evaluator.engine.restore.restore_state` rebuilds the
@@ -20,6 +20,12 @@ exactly when the watermark passes its deadline, and every checkpoint follows the
 finalisation at its watermark, so a restored row is open exactly while the
 checkpointed watermark is before its deadline: finalising a request writes
 nothing for its row (one field and one encoding per checkpoint, not per request).
+Interactions naming an open request likewise: ``j:<n>`` holds those that came
+between two checkpoints and still wait at the second; a row lives exactly as long
+as its request is open (the request's finalisation consumes it), and the segment
+is deleted once the watermark has passed the deadline of every request in it. An
+interaction naming a request that is not open (it may never come) is one
+``i:<event>`` field, deleted when its request consumes it or after the marker TTL.
 Finalised markers likewise: ``g:<n>`` holds the markers of the requests
 finalised between two checkpoints, ``m:`` the bound below which markers have
 expired; a marker changed after its segment was written (an interaction counted
@@ -79,9 +85,17 @@ class PartitionState:
     fresh: dict[str, OpenRequest] = field(default_factory=dict)
     """Requests opened since the last flush, encoded only if still open at the flush."""
     segments: list[tuple[int, str]] = field(default_factory=list)
-    """Heap of (largest deadline, field name) of the stored request segments: a segment
-    is deleted once the watermark has passed every deadline in it."""
+    """Heap of (largest deadline, field name) of the stored request segments and
+    interaction segments (``j:``, by their requests' deadlines): a segment is deleted
+    once the watermark has passed every deadline in it."""
     next_segment: int = 0
+    waiting: dict[str, tuple[str, PendingInteraction]] = field(default_factory=dict)
+    """Interactions naming an open request that came since the last flush, still
+    waiting (event id -> request id, interaction): one segment at the flush."""
+    next_interaction_segment: int = 0
+    fielded: set[str] = field(default_factory=set)
+    """Waiting interactions stored as their own ``i:`` field: their request was not
+    open when they came, or a version before interaction segments wrote them."""
     legacy: set[str] = field(default_factory=set)
     """Open requests restored from per-request ``r:`` fields (written by versions before
     segments): their field is deleted when they are finalised."""
@@ -143,11 +157,15 @@ class PartitionState:
             self.changes[name] = None
 
     def add_named(self, rid: str, it: PendingInteraction) -> None:
-        self.named.setdefault(rid, {})[it.event_id] = it
-        self.named_rid[it.event_id] = rid
-        if rid not in self.requests:  # else its request's finalisation removes it
-            heapq.heappush(self.expiry, (it.timestamp_ms, 3, it.event_id))
-        self._create("i:" + it.event_id, _encode((rid, it.item_id, it.timestamp_ms, it.grade)))
+        eid = it.event_id
+        self.named.setdefault(rid, {})[eid] = it
+        self.named_rid[eid] = rid
+        if rid in self.requests:  # its request's finalisation consumes it: a segment row
+            self.waiting[eid] = (rid, it)
+            return
+        heapq.heappush(self.expiry, (it.timestamp_ms, 3, eid))
+        self.fielded.add(eid)
+        self._create("i:" + eid, _encode((rid, it.item_id, it.timestamp_ms, it.grade)))
 
     def add_loose(self, user_id: str, it: PendingInteraction) -> None:
         self.user(user_id).loose[it.event_id] = it
@@ -223,7 +241,7 @@ class PartitionState:
         and mark it final (its deadline, and the ids of those interactions)."""
         open_requests, fresh, changes, users = self.requests, self.fresh, self.changes, self.users
         named, named_rid, final, expiry = self.named, self.named_rid, self.final, self.expiry
-        legacy = self.legacy
+        legacy, unwritten, fielded = self.legacy, self.waiting, self.fielded
         for request, deadline in zip(requests, deadlines_ms, strict=True):
             rid = request.request_id
             del open_requests[rid]
@@ -234,7 +252,10 @@ class PartitionState:
             applied = tuple(sorted(waiting)) if waiting else ()
             for eid in applied:
                 named_rid.pop(eid, None)
-                self._delete("i:" + eid)
+                # not yet written, or a row of a segment that goes by its deadlines
+                if unwritten.pop(eid, None) is None and eid in fielded:
+                    fielded.discard(eid)
+                    self._delete("i:" + eid)
             user = users.get(request.user_id)
             if user is not None:
                 user.open.pop(rid, None)
@@ -297,6 +318,7 @@ class PartitionState:
                 del waiting[key]
                 if not waiting:
                     del self.named[rid]
+                self.fielded.discard(key)
                 self._delete("i:" + key)
         else:
             uid, eid = key.split("\x1f", 1)
@@ -323,6 +345,8 @@ class PartitionState:
         if self.fresh:
             self._write_fresh(out)
         self.fresh = {}
+        if self.waiting:
+            self._write_waiting(out)
         if self.marked:
             self._write_markers(out)
         self.born = set()
@@ -347,6 +371,21 @@ class PartitionState:
             self.next_segment += 1
             out[name] = _encode([request_row(r) for r in part])
             last = max(r.timestamp_ms for r in part) + delay
+            heapq.heappush(self.segments, (last, name))
+
+    def _write_waiting(self, out: Changes) -> None:
+        """The interactions naming an open request that came since the last flush: one
+        segment (or several of :attr:`segment_rows`), deleted once the watermark has
+        passed the deadline of every request they name."""
+        rows = [(eid, rid, *it[1:]) for eid, (rid, it) in self.waiting.items()]
+        self.waiting = {}
+        requests, delay = self.requests, self.delay_ms
+        for start in range(0, len(rows), self.segment_rows):
+            part = rows[start : start + self.segment_rows]
+            name = f"j:{self.next_interaction_segment}"
+            self.next_interaction_segment += 1
+            out[name] = _encode(part)
+            last = max(requests[row[1]].timestamp_ms for row in part) + delay
             heapq.heappush(self.segments, (last, name))
 
     def _write_markers(self, out: Changes) -> None:
