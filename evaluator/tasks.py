@@ -43,7 +43,8 @@ BOUNDS_KEPT = 16
 NO_LIMIT = -(2**62)
 """A limit that holds the watermark where it is."""
 MAX_PENDING_FIELDS = 200_000
-"""A partition checkpoints before its interval once this many changelog fields wait."""
+"""A partition checkpoints before its interval once this many changelog fields and
+segment rows wait to be written."""
 
 
 def engine_config(settings: Settings, partitions: int | None = None) -> EngineConfig:
@@ -333,7 +334,7 @@ class Tasks:
             last is None
             or now - last >= self.interval_ms
             or all(f"{name}:{p}" in caught_up for name in ("impressions", "interactions"))
-            or len(owned.engine.state.changes) + len(owned.engine.state.fresh) >= MAX_PENDING_FIELDS
+            or owned.engine.state.unwritten() >= MAX_PENDING_FIELDS
         )
 
     def _checkpoint(self, p: int, owned: Owned) -> Outcome:

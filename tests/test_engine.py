@@ -297,6 +297,26 @@ def test_interaction_fields_of_open_requests_load_and_go_when_final() -> None:
     assert changes["r:q1"] is None
 
 
+def test_unwritten_counts_fields_and_segment_rows_until_the_flush() -> None:
+    """What the early-checkpoint bound (``MAX_PENDING_FIELDS``) sees: changed fields,
+    and the request and interaction rows that the next flush writes as segments."""
+    settings = load_settings(environ={})
+    engine = PartitionEngine(0, engine_config(settings))
+    imp = {"event_id": "i1", "request_id": "q1", "user_id": "u1", "variant": "a"}
+    click = {"event_id": "e1", "request_id": "q1", "user_id": "u1", "item_id": "x"}
+    stream = [
+        ("impressions", {**imp, "timestamp": 1_000, "items": ["x", "y"]}),
+        ("interactions", {**click, "type": "click", "timestamp": 1_001}),
+    ]
+    step(engine, stream, settings)
+    state = engine.state
+    assert (len(state.fresh), len(state.waiting)) == (1, 1)
+    assert state.unwritten() == len(state.changes) + 2
+    changes, _ = engine.take()
+    assert {"s:0", "j:0"} <= changes.keys()
+    assert state.unwritten() == 0
+
+
 def test_engine_counts_duplicates_and_late(tmp_path) -> None:
     settings = load_settings(environ={})
     events = generate(5, requests=200, users=20)

@@ -338,6 +338,10 @@ class PartitionState:
                 self._write_history(uid, user)
                 self._drop_if_empty(uid, user)
 
+    def unwritten(self) -> int:
+        """Changelog fields and segment rows waiting for the next flush."""
+        return len(self.changes) + len(self.fresh) + len(self.waiting) + len(self.marked)
+
     def flush(self) -> Changes:
         """The changes since the last flush (and forget them); requests opened since then
         and still open are encoded now."""
