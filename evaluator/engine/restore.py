@@ -129,7 +129,8 @@ def _rewait(
 ) -> None:
     """The waiting interactions among interaction segments' rows: those whose request
     is open (its finalisation consumes the others). Each segment goes once every
-    request it names is final (at once if none is open)."""
+    request it names is final (if none is open, at the next finalisation that moves
+    the watermark)."""
     requests, named, named_rid = state.requests, state.named, state.named_rid
     gone = state.finalised_ms if state.finalised_ms is not None else -(2**62)
     for name, rows in segments:
