@@ -21,6 +21,8 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from evaluator.sketch import byte_columns
+
 Partitioner = Literal["murmur2", "crc32", "trust"]
 CACHE_LIMIT = 1_000_000
 """Users whose partition is remembered (cleared when full): users come back often."""
@@ -79,12 +81,9 @@ def murmur2_partitions(keys: Sequence[bytes], partitions: int) -> list[int]:
     """``toPositive(murmur2(key)) % partitions`` of many keys at once: :func:`murmur2`
     over numpy columns, keys grouped by length."""
     lengths = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
-    data = np.frombuffer(b"".join(keys), dtype=np.uint8)
-    starts = np.cumsum(lengths) - lengths
     out = np.empty(len(keys), dtype=np.uint64)
-    for length in np.flatnonzero(np.bincount(lengths)).tolist():
-        rows = np.flatnonzero(lengths == length)
-        b = data[np.arange(length)[:, None] + starts[rows]].astype(np.uint64)  # byte i: b[i]
+    for rows, b in byte_columns(b"".join(keys), lengths):  # every key's byte i: b[i]
+        length = len(b)
         h = np.full(rows.size, (0x9747B28C ^ length) & _MASK, dtype=np.uint64)
         end = length - length % 4
         for i in range(0, end, 4):

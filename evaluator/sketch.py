@@ -7,7 +7,7 @@ so register arrays from different instances merge with an element-wise maximum.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -25,6 +25,19 @@ def _fmix64(h: U64) -> U64:
     return h ^ (h >> np.uint64(33))
 
 
+def byte_columns(
+    data: bytes, lengths: npt.NDArray[np.int64]
+) -> Iterator[tuple[npt.NDArray[np.intp], npt.NDArray[np.uint64]]]:
+    """Keys laid end to end in ``data`` (``lengths`` bytes each), grouped by length: per
+    length, the keys' indexes and their bytes as a (length, keys) array (row i: every
+    key's byte i), for hashing many keys one byte position at a time."""
+    buffer = np.frombuffer(data, dtype=np.uint8)
+    starts = np.cumsum(lengths) - lengths
+    for length in np.flatnonzero(np.bincount(lengths)).tolist():
+        rows = np.flatnonzero(lengths == length)
+        yield rows, buffer[np.arange(length)[:, None] + starts[rows]].astype(np.uint64)
+
+
 def hash_strings(values: Sequence[str]) -> U64:
     """Stable 64-bit hashes of strings, vectorised over the batch (loops over characters):
     FNV-1a over the code points, then :func:`_fmix64`."""
@@ -34,13 +47,9 @@ def hash_strings(values: Sequence[str]) -> U64:
     if not joined.isascii():
         return _hash_code_points(values)
     # ASCII: one byte per code point, gathered from one buffer per group of equal length
-    data = np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
     lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
-    starts = np.cumsum(lengths) - lengths
     out = np.empty(len(values), dtype=np.uint64)
-    for length in np.flatnonzero(np.bincount(lengths)).tolist():
-        rows = np.flatnonzero(lengths == length)
-        chars = data[np.arange(length)[:, None] + starts[rows]].astype(np.uint64)
+    for rows, chars in byte_columns(joined.encode("ascii"), lengths):
         h = np.full(len(rows), _FNV_OFFSET, dtype=np.uint64)
         with np.errstate(over="ignore"):
             for column in chars:
