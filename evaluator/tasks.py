@@ -30,6 +30,7 @@ from evaluator.routing import Decoder, Forwarded
 from evaluator.runtime import long_lived
 from evaluator.stores.base import StateStore
 from evaluator.timeutil import parse_duration_ms
+from evaluator.writebehind import Write, WriteBehind, Written, write_all
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,10 @@ class Tasks:
         settings: Settings,
         partitions: int,
         clock_ms: Callable[[], int] = wall_clock_ms,
+        write_behind: bool = False,
     ) -> None:
+        """``write_behind``: a poll's checkpoints are written on a thread while the next
+        poll is processed (``evaluator run``); otherwise before :meth:`apply` returns."""
         self.store = store
         self.settings = settings
         self.partitions = partitions
@@ -125,12 +129,23 @@ class Tasks:
         """The latest (wall clock of the store read, smallest own watermark) pairs while
         partitions may forward."""
         self._limit: dict[int, int] = {}
+        self._writer: WriteBehind[Written] | None = (
+            WriteBehind("checkpoints") if write_behind else None
+        )
+        self._fenced: list[int] = []
+        self._stale: list[int] = []
+        self._error: Exception | None = None
+        """A write in flight that raised, for the next :meth:`apply` to raise."""
+        self.dropped: set[int] = set()
+        """Partitions dropped because their checkpoint raised (their changes were taken):
+        the caller reloads them once it has handled the error."""
 
     # --- ownership --------------------------------------------------------------
 
     def assign(self, partitions: Collection[int]) -> dict[int, dict[str, int]]:
         """Claim partitions (fencing earlier owners) and load their state; returns each
         one's stored offsets, where consumption must resume."""
+        self._settle()
         resume: dict[int, dict[str, int]] = {}
         for p in sorted(partitions):
             started = time.perf_counter()
@@ -163,6 +178,7 @@ class Tasks:
         """Release partitions, first checkpointing what they did since the last
         checkpoint (``flush``; not after a failed batch, whose state is not whole). A
         failed checkpoint only means the next owner redoes that work."""
+        self._settle()  # the checkpoints in flight come first
         for p in partitions:
             if flush and p in self.owned:
                 try:
@@ -174,6 +190,7 @@ class Tasks:
 
     def flush(self) -> None:
         """Checkpoint every owned partition now (before a clean shutdown)."""
+        self.settle()
         for p, owned in list(self.owned.items()):
             self._checkpoint(p, owned)
 
@@ -221,9 +238,8 @@ class Tasks:
             offsets = range(first, first + len(payloads))
             grouped[p].append(PartitionBatch("repartition", f"repartition:{p}", payloads, offsets))
         self._pending = {}
-        fenced: list[int] = []
-        stale: list[int] = []
         limits = self._limits(caught_up, now)
+        due: list[int] = []
         for p, owned in list(self.owned.items()):
             mine = grouped.get(p, [])
             rejected, forwarded = self._ingest(owned, mine, caught_up, now, limits.get(p))
@@ -235,14 +251,20 @@ class Tasks:
                 owned.forwarded_ms = now
             owned.done += owned.engine.finalise_due(self.curves.group)
             owned.consumed = owned.consumed or bool(mine)
-            if not (forwarded or self._checkpoint_due(p, owned, caught_up, now)):
-                continue
-            outcome = self._checkpoint(p, owned)
-            if outcome is Outcome.FENCED:
-                fenced.append(p)
-            elif outcome is Outcome.STALE:
-                stale.append(p)
+            if forwarded or self._checkpoint_due(p, owned, caught_up, now):
+                due.append(p)
+        self.settle()  # the last poll's checkpoints: one partition's writes stay in order
+        writes = [w for p in due if p in self.owned and (w := self._take(p, self.owned[p]))]
+        if self._writer is not None:
+            if writes:
+                self._writer.submit(lambda: write_all(self.store, writes))
+        else:
+            written = write_all(self.store, writes)
+            self._conclude(written)
+            if written.error is not None:
+                raise written.error
         self.stats.latency.observe(time.perf_counter() - started)
+        fenced, stale, self._fenced, self._stale = self._fenced, self._stale, [], []
         return fenced, stale
 
     def _ingest(
@@ -338,8 +360,22 @@ class Tasks:
         )
 
     def _checkpoint(self, p: int, owned: Owned) -> Outcome:
-        """Write the partition's checkpoint: its changelog, offsets, event time and the
-        requests finalised since the last one (skipped when nothing changed)."""
+        """Write the partition's checkpoint now (skipped when nothing changed); raises
+        what the store raised."""
+        write = self._take(p, owned)
+        if write is None:
+            return Outcome.WRITTEN
+        written = write_all(self.store, [write])
+        self._conclude(written)
+        if written.error is not None:
+            raise written.error
+        return written.outcomes[0][1]
+
+    def _take(self, p: int, owned: Owned) -> Write | None:
+        """The partition's checkpoint: its changelog, offsets, event time and the
+        requests finalised since the last one (None when nothing changed). Taken from the
+        engine: from here it exists only in the write, so a write that fails drops the
+        partition."""
         engine = owned.engine
         done, owned.done = owned.done, []
         changes, counts = engine.take()
@@ -347,7 +383,7 @@ class Tasks:
         moved = (engine.watermark_ms, engine.own_ms) != owned.written_marks
         owned.checkpointed_ms = self.clock_ms()
         if not (consumed or changes or done or counts.duplicates or counts.late or moved):
-            return Outcome.WRITTEN
+            return None
         delta = Delta(
             changes,
             {"finalised": counts.finalised, "duplicates": counts.duplicates, "late": counts.late},
@@ -361,25 +397,66 @@ class Tasks:
             owned.forwarded_ms,
             dict(counts.exposures),
         )
-        try:
-            outcome = self.store.checkpoint(p, owned.epoch, owned.seq, delta)
-        except Exception:
-            # what was taken for this write now exists nowhere (and may or may not have
-            # reached the store): only a reload from the store may continue
-            self.owned.pop(p, None)
-            raise
-        if outcome is not Outcome.WRITTEN:
-            self.owned.pop(p, None)
+        seq, owned.seq = owned.seq, owned.seq + 1  # the next write follows this one
+        owned.written_marks = (engine.watermark_ms, engine.own_ms)
+        return Write(p, owned, seq, delta, counts)
+
+    def settle(self) -> None:
+        """Wait for the checkpoints written behind, if any; raises what they raised."""
+        self._settle()
+        self._raise_error()
+
+    def _settle(self) -> None:
+        """Wait for the checkpoints in flight, if any, and take in their outcomes."""
+        if self._writer is None:
+            return
+        written, error = self._writer.settle()
+        if error is not None:  # not an Exception (e.g. MemoryError): nothing to recover
+            raise error
+        if written is not None:
+            self._conclude(written)
+            if written.error is not None and self._error is None:
+                self._error = written.error
+
+    def _conclude(self, written: Written) -> None:
+        """Take in what became of checkpoints: offsets durable and counters counted, or
+        the partition dropped (fenced: a newer owner has it; stale: the store lost
+        writes; raised: what was taken for the write now exists nowhere, and may or may
+        not have reached the store, so only a reload may continue)."""
+        for w, outcome in written.outcomes:
+            p, owned, counts = w.partition, w.owned, w.counts
+            if outcome is Outcome.WRITTEN:
+                owned.durable = dict(w.delta.offsets)
+                self.stats.finalised += counts.finalised
+                self.stats.duplicates += counts.duplicates
+                self.stats.late += counts.late
+                self.stats.outcomes.update(counts.outcomes)
+                continue
+            self._drop(p, owned)
             if outcome is Outcome.FENCED:
                 log.warning("partition %d: claimed by a newer owner; dropping it", p)
+                self._fenced.append(p)
             else:
                 log.warning("partition %d: the stored state went back (lost writes?); reloading", p)
-            return outcome
-        owned.seq += 1
-        owned.written_marks = (engine.watermark_ms, engine.own_ms)
-        owned.durable = dict(owned.offsets)
-        self.stats.finalised += counts.finalised
-        self.stats.duplicates += counts.duplicates
-        self.stats.late += counts.late
-        self.stats.outcomes.update(counts.outcomes)
-        return outcome
+                self._stale.append(p)
+        for w in written.failed:
+            if self._drop(w.partition, w.owned):
+                self.dropped.add(w.partition)
+
+    def _drop(self, p: int, owned: Owned) -> bool:
+        """Forget a partition if ``owned`` is still how it is held (not since reloaded)."""
+        if self.owned.get(p) is owned:
+            del self.owned[p]
+            return True
+        return False
+
+    def take_dropped(self) -> set[int]:
+        """Partitions dropped since the last call because their checkpoint raised."""
+        dropped, self.dropped = self.dropped, set()
+        return dropped
+
+    def _raise_error(self) -> None:
+        """Raise what a checkpoint written behind raised (once)."""
+        error, self._error = self._error, None
+        if error is not None:
+            raise error

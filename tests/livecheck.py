@@ -93,6 +93,7 @@ def feed(
     tasks.apply([], dict.fromkeys(names, clock.now))  # type: ignore[attr-defined]
     clock.now += tasks.config.idle_timeout_ms  # type: ignore[attr-defined]
     tasks.apply([], dict.fromkeys(names, clock.now))  # type: ignore[attr-defined]
+    tasks.settle()  # checkpoints written behind are in the store
     return seen_at
 
 

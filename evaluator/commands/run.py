@@ -139,7 +139,7 @@ def run(
             early.shutdown()
             early.server_close()
     health.waiting = ""
-    tasks = Tasks(store, settings, partitions)
+    tasks = Tasks(store, settings, partitions, write_behind=True)
     holder.append(tasks)
     health.store = store
     serve_metrics(
@@ -249,8 +249,11 @@ def _loop(source: KafkaSource, tasks: Tasks, health: Health, stop: threading.Eve
             if stop.wait(delay):
                 return
             delay = min(delay * 2, MAX_BACKOFF_S)
-            owned = sorted(held & source.assigned_numbers())
-            fenced, stale = [], owned
+            fenced, stale = [], sorted(held)
+        # partitions whose checkpoint raised outside apply (written behind, settled
+        # during a rebalance) reload too; only those still assigned to this member
+        assigned = source.assigned_numbers()
+        stale = sorted((set(stale) | tasks.take_dropped()) & assigned)
         if fenced:
             source.pause(fenced)
         if stale:
