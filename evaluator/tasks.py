@@ -4,7 +4,9 @@ One :class:`~evaluator.engine.partition.PartitionEngine` per owned partition
 number (a user's impressions and interactions share it). Per poll, each owned
 partition decodes its batches, joins and finalises in memory, then writes one
 atomic checkpoint (changelog delta, offsets, event time, counters, aggregate
-increments) that the store accepts only from the partition's current owner. A
+increments) that the store accepts only from the partition's current owner;
+``evaluator run`` writes a poll's checkpoints behind the next poll
+(:mod:`evaluator.writebehind`). A
 stale owner (fenced) drops the partition; its records are the new owner's to
 process from the checkpointed offsets, so nothing is lost or counted twice.
 """
@@ -259,10 +261,7 @@ class Tasks:
             if writes:
                 self._writer.submit(lambda: write_all(self.store, writes))
         else:
-            written = write_all(self.store, writes)
-            self._conclude(written)
-            if written.error is not None:
-                raise written.error
+            self._write_now(writes)
         self.stats.latency.observe(time.perf_counter() - started)
         fenced, stale, self._fenced, self._stale = self._fenced, self._stale, [], []
         return fenced, stale
@@ -365,11 +364,16 @@ class Tasks:
         write = self._take(p, owned)
         if write is None:
             return Outcome.WRITTEN
-        written = write_all(self.store, [write])
+        return self._write_now([write]).outcomes[0][1]
+
+    def _write_now(self, writes: list[Write]) -> Written:
+        """Write checkpoints on this thread and take in their outcomes; raises what the
+        store raised."""
+        written = write_all(self.store, writes)
         self._conclude(written)
         if written.error is not None:
             raise written.error
-        return written.outcomes[0][1]
+        return written
 
     def _take(self, p: int, owned: Owned) -> Write | None:
         """The partition's checkpoint: its changelog, offsets, event time and the

@@ -70,11 +70,6 @@ class WriteBehind(Generic[T]):
         self._result: T | None = None
         self._error: BaseException | None = None
 
-    @property
-    def busy(self) -> bool:
-        """A job was submitted and not yet settled."""
-        return self._thread is not None
-
     def submit(self, job: Callable[[], T]) -> None:
         """Start ``job``; the previous one must have been settled."""
         if self._thread is not None:
