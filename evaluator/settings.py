@@ -198,7 +198,7 @@ class KafkaSettings(msgspec.Struct, forbid_unknown_fields=True):
     """Invalid events go to ``<topic><dlq_suffix>``; empty disables the dead-letter topic."""
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     max_poll_records: int = 5000
-    poll_timeout: str | int = "500ms"
+    poll_timeout: str | int = "100ms"
     session_timeout: str | int = "45s"
     """How long the group waits for a silent member (e.g. a killed process) before rebalancing."""
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"

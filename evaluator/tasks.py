@@ -37,7 +37,7 @@ from evaluator.writebehind import Write, WriteBehind, Written, write_all
 log = logging.getLogger(__name__)
 
 
-MARKS_EVERY_MS = 500
+MARKS_EVERY_MS = 250
 """How often the partitions' own watermarks are read while events are forwarded."""
 FORWARDING_SPAN = 10
 """Forwarding counts as active for this many idle timeouts after the latest forward."""

@@ -128,6 +128,7 @@ class KafkaSource:
         self._ends_at_ms = 0
         self._await_metadata([settings.impressions_topic, settings.interactions_topic], 30.0)
         self._producer: KafkaProducer | None = None
+        self._offsets: KafkaConsumer | None = None
 
     def _await_metadata(self, topics: list[str], timeout_s: float) -> None:
         """Wait until the broker knows the topics.
@@ -243,8 +244,22 @@ class KafkaSource:
         """Ask the broker for the end offsets of the assigned partitions (raises when it
         does not answer in time)."""
         assigned = list(self.consumer.assignment())
-        self._ends = dict(self.consumer.end_offsets(assigned, timeout_ms=timeout_ms))
+        self._ends = dict(self._offset_client().end_offsets(assigned, timeout_ms=timeout_ms))
         self._ends_at_ms = time.time_ns() // 1_000_000
+
+    def _offset_client(self) -> KafkaConsumer:
+        """A client of its own (no group) for end offsets: on the consumer's connection a
+        ListOffsets request waits behind the fetch the broker holds open while it waits
+        for data (up to ``fetch.max.wait``), and the poll loop waits with it."""
+        if self._offsets is None:
+            self._offsets = KafkaConsumer(
+                bootstrap_servers=self.settings.bootstrap_servers.split(","),
+                client_id=self.settings.client_id + "-offsets",
+                group_id=None,
+                enable_auto_commit=False,
+                **_security(self.settings),
+            )
+        return self._offsets
 
     def commit_offsets(self, offsets: dict[int, dict[str, int]]) -> None:
         """Commit checkpointed offsets to Kafka too (for lag monitoring and tools; the
@@ -359,6 +374,8 @@ class KafkaSource:
     def close(self) -> None:
         if self._producer is not None:
             self._producer.close()
+        if self._offsets is not None:
+            self._offsets.close()
         self.consumer.close(autocommit=False)
 
 
