@@ -21,6 +21,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from evaluator.batches import PartitionBatch, PipelineStats, Rejected, wall_clock_ms
+from evaluator.bounds import ForwardingBounds
 from evaluator.config import Settings
 from evaluator.curves import BucketCurves
 from evaluator.engine.checkpoint import Delta, Outcome
@@ -37,14 +38,6 @@ from evaluator.writebehind import Write, WriteBehind, Written, write_all
 log = logging.getLogger(__name__)
 
 
-MARKS_EVERY_MS = 250
-"""How often the partitions' own watermarks are read while events are forwarded."""
-FORWARDING_SPAN = 10
-"""Forwarding counts as active for this many idle timeouts after the latest forward."""
-BOUNDS_KEPT = 16
-"""Recent bounds kept, so one read before the latest confirmation is always there."""
-NO_LIMIT = -(2**62)
-"""A limit that holds the watermark where it is."""
 MAX_PENDING_FIELDS = 200_000
 """A partition checkpoints before its interval once this many changelog fields and
 segment rows wait to be written."""
@@ -125,12 +118,7 @@ class Tasks:
         )
         self._pending: dict[int, list[bytes]] = {}
         self._local_offsets: dict[int, int] = {}
-        self._marks_read_ms = -(2**62)
-        self._started_ms: int | None = None
-        self._bounds: list[tuple[int, int]] = []
-        """The latest (wall clock of the store read, smallest own watermark) pairs while
-        partitions may forward."""
-        self._limit: dict[int, int] = {}
+        self.bounds = ForwardingBounds(store.marks, self.config.idle_timeout_ms)
         self._writer: WriteBehind[Written] | None = (
             WriteBehind("checkpoints") if write_behind else None
         )
@@ -304,43 +292,11 @@ class Tasks:
         return rejected, forwarded
 
     def _limits(self, caught_up: Mapping[str, int], now: int) -> dict[int, int]:
-        """While any partition forwards events (producers not keying by user), a
-        partition may only finalise up to the smallest own watermark over all partitions:
-        below it every partition has forwarded what it holds. The bound read from the
-        store at time r applies to a partition once its repartition input was confirmed
-        at its end after r (it has then consumed everything forwarded before r). With
-        producers keyed by user nothing is forwarded and partitions are independent once
-        FORWARDING_SPAN idle timeouts have passed without a forward."""
+        """How far each owned partition may finalise while events may be forwarded
+        (:mod:`evaluator.bounds`); none with producers trusted to key by user."""
         if not self.decoder.partition_of.checks:
             return {}
-        if now - self._marks_read_ms >= MARKS_EVERY_MS:
-            self._marks_read_ms = now
-            marks = self.store.marks()
-            recent = now - self.config.idle_timeout_ms * FORWARDING_SPAN
-            if self._started_ms is None:
-                self._started_ms = now
-            # bounded from the start (a first forward may be on its way) until no
-            # partition has forwarded for the whole span
-            young = self._started_ms >= recent
-            forwarding = any(
-                m.forwarded_ms is not None and m.forwarded_ms >= recent for m in marks.values()
-            )
-            if young or forwarding:
-                owns = [m.own_ms for m in marks.values()]
-                bound = min(o for o in owns if o is not None) if None not in owns else NO_LIMIT
-                self._bounds.append((now, bound))
-                del self._bounds[:-BOUNDS_KEPT]
-            else:
-                self._bounds, self._limit = [], {}
-        if not self._bounds:
-            return {}
-        for p in self.owned:
-            confirmed = caught_up.get(f"repartition:{p}", -1)
-            # the newest bound read before the repartition input was confirmed at its end
-            usable = [bound for read_at, bound in self._bounds if read_at <= confirmed]
-            if usable:
-                self._limit[p] = max(self._limit.get(p, NO_LIMIT), usable[-1])
-        return {p: self._limit.get(p, NO_LIMIT) for p in self.owned}
+        return self.bounds.limits(self.owned.keys(), caught_up, now)
 
     def _checkpoint_due(self, p: int, owned: Owned, caught_up: Mapping[str, int], now: int) -> bool:
         """Whether to checkpoint after this poll: every ``redis.checkpoint_interval``

@@ -122,3 +122,71 @@ def test_a_failed_checkpoint_drops_its_partition_and_nothing_writes_it_later(
     fresh = tasks_on(store, settings)
     feed(fresh, events, 24)
     compare_with_replay(store, events, settings, tmp_path)
+
+
+@pytest.mark.parametrize("write_behind", [False, True])
+def test_offsets_committed_to_kafka_are_those_the_store_accepted(
+    make_store, write_behind: bool
+) -> None:
+    """``evaluator run`` commits each partition's ``durable`` offsets to Kafka (for lag
+    monitoring and tools): after every poll they are the offsets of a checkpoint the
+    store accepted, never of one still in flight or refused (a newer owner claimed the
+    partition), and the latest accepted once the writes are settled."""
+    import json
+    from collections import defaultdict
+
+    from evaluator.batches import PartitionBatch
+    from evaluator.engine.checkpoint import Outcome
+    from tests.livecheck import partition_of
+
+    settings = load_settings(environ={}, overrides={"kafka": {"partitioner": "trust"}})
+    store = make_store(settings.layout(PARTITIONS))
+    original = store.checkpoint
+    accepted: dict[int, list[dict[str, int]]] = {p: [{}] for p in range(PARTITIONS)}
+    refused: list[int] = []
+
+    def recording(partition, epoch, seq, delta):
+        outcome = original(partition, epoch, seq, delta)
+        if outcome is Outcome.WRITTEN:
+            accepted[partition].append(dict(delta.offsets))
+        else:
+            refused.append(partition)
+        return outcome
+
+    store.checkpoint = recording
+    tasks = tasks_on(store, settings, write_behind)
+    held = dict(tasks.owned)
+    events = generate(25)
+    stream = [("impressions", e) for e in events.impressions] + [
+        ("interactions", e) for e in events.interactions
+    ]
+    stream.sort(key=lambda ke: ke[1]["timestamp"])
+    offsets: dict[str, int] = defaultdict(int)
+    chunks = range(0, len(stream), 16)
+    for poll, start in enumerate(chunks):
+        if poll == len(chunks) // 2:  # a newer owner claims partition 0
+            Tasks(store, settings, PARTITIONS, clock_ms=FakeClock()).assign([0])
+        parts: dict[str, list[bytes]] = defaultdict(list)
+        for kind, e in stream[start : start + 16]:
+            p = partition_of(e["user_id"], PARTITIONS)
+            if p in tasks.owned:  # a lost partition is paused
+                parts[f"{kind}:{p}"].append(json.dumps(e).encode())
+        batches = []
+        for name, payloads in parts.items():
+            first = offsets[name]
+            offsets[name] += len(payloads)
+            batches.append(
+                PartitionBatch(
+                    name.split(":")[0], name, payloads, range(first, first + len(payloads))
+                )  # type: ignore[arg-type]
+            )
+        tasks.apply(batches, {})
+        tasks.clock_ms.now += 1_000  # type: ignore[attr-defined]: a checkpoint each poll
+        for p, owned in held.items():
+            assert owned.durable in accepted[p]
+            assert all(owned.durable[k] <= owned.offsets[k] for k in owned.durable)
+    tasks.settle()
+    assert refused and set(refused) == {0} and 0 not in tasks.owned
+    for p, owned in held.items():
+        assert owned.durable == accepted[p][-1]
+        assert len(accepted[p]) > 5  # several checkpoints, each checked
