@@ -8,7 +8,15 @@ from the store at wall clock r applies to a partition once its repartition input
 confirmed at its end after r (it has then consumed everything forwarded before r).
 With producers keyed by user nothing is forwarded, and the partitions are independent
 once ``FORWARDING_SPAN`` idle timeouts have passed without a forward. Pure: the
-store's marks come in through a callable.
+marks come in through a callable.
+
+The marks are the store's (each partition's as of its last checkpoint) with this
+process's own partitions as their engines have them now (:func:`fresher`). An
+engine's own watermark moves in an apply whose forwards are acknowledged before
+that apply returns, so the value in memory is as safe as the checkpointed one:
+every event it has consumed below it and had to forward is in the repartition topic.
+(A process that dies after another partition used its value leaves those forwards
+to be sent again by the next owner: duplicates, which the receivers drop by event id.)
 """
 
 from __future__ import annotations
@@ -25,6 +33,22 @@ BOUNDS_KEPT = 16
 """Recent bounds kept, so one read before the latest confirmation is always there."""
 NO_LIMIT = -(2**62)
 """A limit that holds the watermark where it is."""
+
+
+def fresher(stored: Mapping[int, Marks], local: Mapping[int, Marks]) -> dict[int, Marks]:
+    """The stored marks, with each partition this process owns at the later of its
+    stored and in-memory values (a value unknown in one is taken from the other)."""
+    out = dict(stored)
+    for p, mine in local.items():
+        theirs = out.get(p, Marks(None, None))
+        out[p] = Marks(
+            _later(mine.own_ms, theirs.own_ms), _later(mine.forwarded_ms, theirs.forwarded_ms)
+        )
+    return out
+
+
+def _later(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
 
 
 class ForwardingBounds:

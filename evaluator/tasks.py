@@ -21,10 +21,10 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from evaluator.batches import PartitionBatch, PipelineStats, Rejected, wall_clock_ms
-from evaluator.bounds import ForwardingBounds
+from evaluator.bounds import ForwardingBounds, fresher
 from evaluator.config import Settings
 from evaluator.curves import BucketCurves
-from evaluator.engine.checkpoint import Delta, Outcome
+from evaluator.engine.checkpoint import Delta, Marks, Outcome
 from evaluator.engine.partition import EngineConfig, PartitionEngine
 from evaluator.engine.restore import restore_state
 from evaluator.finalise import Finalised
@@ -118,7 +118,7 @@ class Tasks:
         )
         self._pending: dict[int, list[bytes]] = {}
         self._local_offsets: dict[int, int] = {}
-        self.bounds = ForwardingBounds(store.marks, self.config.idle_timeout_ms)
+        self.bounds = ForwardingBounds(self._marks, self.config.idle_timeout_ms)
         self._writer: WriteBehind[Written] | None = (
             WriteBehind("checkpoints") if write_behind else None
         )
@@ -297,6 +297,11 @@ class Tasks:
         if not self.decoder.partition_of.checks:
             return {}
         return self.bounds.limits(self.owned.keys(), caught_up, now)
+
+    def _marks(self) -> dict[int, Marks]:
+        """Every partition's marks, this process's own partitions as they are now."""
+        local = {p: Marks(o.engine.own_ms, o.forwarded_ms) for p, o in self.owned.items()}
+        return fresher(self.store.marks(), local)
 
     def _checkpoint_due(self, p: int, owned: Owned, caught_up: Mapping[str, int], now: int) -> bool:
         """Whether to checkpoint after this poll: every ``redis.checkpoint_interval``
