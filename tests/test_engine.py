@@ -107,10 +107,17 @@ def apply_changes(changelog: dict[str, bytes], changes: dict[str, bytes | None])
             changelog[key] = value
 
 
+def live_markers(state: PartitionState) -> dict[str, tuple[int, tuple[str, ...]]]:
+    """The markers that count: (deadline, ids applied) of those not expired."""
+    bound = -(2**62) if state.markers_before_ms is None else state.markers_before_ms
+    return {rid: (d, state.applied.get(rid, ())) for rid, d in state.final.items() if d >= bound}
+
+
 def assert_same_state(restored: PartitionState, live: PartitionState) -> None:
     """Everything the join reads, rebuilt from the changelog, equals the live state."""
-    for name in ("requests", "named", "named_rid", "final", "seen", "exposed"):
+    for name in ("requests", "named", "named_rid", "seen", "exposed"):
         assert getattr(restored, name) == getattr(live, name), name
+    assert live_markers(restored) == live_markers(live)
     assert restored.users.keys() == live.users.keys()
     for uid, user in live.users.items():
         assert restored.users[uid] == user, uid
@@ -149,8 +156,9 @@ def test_engine_equals_replay(seed: int, restore_every: int, take_every: int, tm
     assert [key for key in changelog if key[0] in "rs"] == []
 
 
+@pytest.mark.parametrize("restore_every", [1, 3])
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_markers_expire_alike_in_memory_and_restored(seed: int) -> None:
+def test_markers_expire_alike_in_memory_and_restored(seed: int, restore_every: int) -> None:
     """With a finalised_ttl far shorter than the stream, markers expire all along it:
     at every checkpoint the state rebuilt from the changelog (marker segments, marker
     fields, the expiry bound) equals the engine's own, and a marker segment is deleted
@@ -160,7 +168,7 @@ def test_markers_expire_alike_in_memory_and_restored(seed: int) -> None:
     events = generate(seed, requests=400, users=30)
     changelog: dict[str, bytes] = {}
     engine, _ = run_engine(
-        events, settings, seed, restore_every=1, changelog=changelog, config=config
+        events, settings, seed, restore_every=restore_every, changelog=changelog, config=config
     )
     apply_changes(changelog, engine.take()[0])
     before = msgspec.msgpack.decode(changelog["m:"])
@@ -168,8 +176,103 @@ def test_markers_expire_alike_in_memory_and_restored(seed: int) -> None:
     assert segments, "no marker segment left: the stream must end inside the TTL"
     for rows in segments:  # the expired segments went; these still hold live markers
         assert max(d for _, d, _ in rows) >= before
-    assert engine.state.final
-    assert min(d for d, _ in engine.state.final.values()) >= before
+    state = engine.state
+    assert live_markers(state)
+    # an expired marker lingers in memory only in a segment that still holds live ones
+    lingering = {rid for rid, d in state.final.items() if d < before}
+    held = {rid for rids in state.segment_markers.values() for rid in rids}
+    assert lingering <= held
+    assert state.segment_markers.keys() == {k for k in changelog if k[0] == "g"}
+
+
+def test_an_expired_marker_still_in_memory_counts_for_nothing() -> None:
+    """Markers leave memory with their segment, so one may stay there after it expired
+    (its segment still holds a marker that counts). It must count for nothing, as in a
+    state rebuilt from the changelog: a redelivered impression of its request opens the
+    request again, and an interaction naming it waits for it."""
+    settings = load_settings(environ={})
+    ttl = 30 * 60_000
+    config = dataclasses.replace(engine_config(settings), finalised_ttl_ms=ttl)
+    t0, gap = 1_000_000_000, 20 * 60_000
+
+    def imp(rid: str, ts: int) -> tuple[str, dict[str, Any]]:
+        event = {"event_id": "i" + rid, "request_id": rid, "user_id": "u", "variant": "a"}
+        return "impressions", {**event, "timestamp": ts, "items": ["x", "y"]}
+
+    def click(eid: str, rid: str, ts: int) -> tuple[str, dict[str, Any]]:
+        event = {"event_id": eid, "request_id": rid, "user_id": "u", "item_id": "x"}
+        return "interactions", {**event, "type": "click", "timestamp": ts}
+
+    for restored in (False, True):
+        engine = PartitionEngine(0, config)
+        changelog: dict[str, bytes] = {}
+        step(engine, [imp("q1", t0), imp("q2", t0 + gap)], settings)
+        engine.watermark_ms = config.finalise.deadline(t0 + gap)  # both final: one segment
+        engine.finalise_due()
+        apply_changes(changelog, engine.take()[0])
+        assert [key for key in changelog if key[0] == "g"] == ["g:0"]
+        # data time moves past q1's marker TTL, not past q2's
+        step(engine, [imp("q3", config.finalise.deadline(t0) + ttl + 1)], settings)
+        engine.finalise_due()
+        apply_changes(changelog, engine.take()[0])
+        assert engine.state.markers_before_ms == config.finalise.deadline(t0) + 1
+        assert "g:0" in changelog
+        if restored:
+            state = restore_state(changelog.items(), config.finalise.deadline, config.history_cap)
+            assert "q1" not in state.final
+            engine = PartitionEngine(0, config, state, engine.watermark_ms, engine.input_times())
+        else:
+            assert "q1" in engine.state.final  # expired, still in memory
+        step(
+            engine,
+            [imp("q1", t0), click("c1", "q1", t0 + 1), click("c2", "q2", t0 + gap)],
+            settings,
+        )
+        counts = engine.take()[1]
+        assert (counts.duplicates, counts.late) == (0, 1), restored  # c2: q2's marker counts
+        assert "q1" in engine.state.requests and engine.state.named_rid.get("c1") == "q1"
+
+
+def test_marker_fields_go_once_expired_in_memory_and_restored() -> None:
+    """A marker changed after its segment was written (an interaction counted late) has
+    an ``f:`` field. Once it has expired the field is deleted: with its segment in the
+    engine that wrote it, at once by a new owner that loads it expired."""
+    settings = load_settings(environ={})
+    ttl = 30 * 60_000
+    config = dataclasses.replace(engine_config(settings), finalised_ttl_ms=ttl)
+    t0, gap = 1_000_000_000, 20 * 60_000
+    event = {"user_id": "u", "variant": "a", "items": ["x", "y"]}
+    first = [
+        ("impressions", {**event, "event_id": "i1", "request_id": "q1", "timestamp": t0}),
+        ("impressions", {**event, "event_id": "i2", "request_id": "q2", "timestamp": t0 + gap}),
+    ]
+    late = {"event_id": "c1", "request_id": "q1", "user_id": "u", "item_id": "x"}
+    for restored in (False, True):
+        engine = PartitionEngine(0, config)
+        changelog: dict[str, bytes] = {}
+        step(engine, first, settings)
+        engine.watermark_ms = config.finalise.deadline(t0 + gap)
+        engine.finalise_due()
+        apply_changes(changelog, engine.take()[0])
+        step(engine, [("interactions", {**late, "type": "click", "timestamp": t0 + 1})], settings)
+        apply_changes(changelog, engine.take()[0])
+        assert "f:q1" in changelog
+        # q1's marker expires, q2's not: the field stays with the segment that holds both
+        for ts in (config.finalise.deadline(t0) + ttl + 1, t0 + 10 * ttl):
+            imp = {**event, "event_id": f"i{ts}", "request_id": f"q{ts}", "timestamp": ts}
+            step(engine, [("impressions", imp)], settings)
+            engine.finalise_due()
+            apply_changes(changelog, engine.take()[0])
+            if "q1" in engine.state.final:
+                assert {"f:q1", "g:0"} <= changelog.keys()
+                if restored:  # a new owner loads it expired
+                    state = restore_state(
+                        changelog.items(), config.finalise.deadline, config.history_cap
+                    )
+                    assert "q1" not in state.final
+                    watermark, times = engine.watermark_ms, engine.input_times()
+                    engine = PartitionEngine(0, config, state, watermark, times)
+        assert not [key for key in changelog if key[0] in "fg"], restored
 
 
 def test_segments_hold_at_most_segment_rows_and_restore_whole() -> None:

@@ -147,7 +147,7 @@ class PartitionEngine:
         fresh: list[OpenRequest] = []
         for event, ts in zip(impressions.events, impressions.timestamp_ms, strict=True):
             rid = event.request_id
-            if rid in requests or rid in final:
+            if rid in requests or (rid in final and state.marker(rid) is not None):
                 counts.duplicates += 1
                 continue
             request = open_request(event, ts, attribute)
@@ -163,6 +163,7 @@ class PartitionEngine:
     def _ingest_interactions(self, interactions: InteractionBatch) -> None:
         state, counts = self.state, self.counts
         named_rid, seen, users, final = state.named_rid, state.seen, state.users, state.final
+        applied = state.applied
         loose_late_before = self._loose_late_before()
         for it, ts, grade in zip(
             interactions.events, interactions.timestamp_ms, interactions.grade, strict=True
@@ -179,13 +180,15 @@ class PartitionEngine:
                 state.add_history(it.user_id, eid, ts)
             named = it.request_id
             if named:
-                marker = final.get(named)
-                if marker is None:
+                deadline = state.marker(named) if named in final else None
+                if deadline is None:
                     state.add_named(named, PendingInteraction(eid, it.item_id, ts, grade))
-                elif eid in marker[1]:
+                    continue
+                ids = applied.get(named, ())
+                if eid in ids:
                     counts.duplicates += 1
                 else:
-                    state.mark_final(named, marker[0], tuple(sorted((*marker[1], eid))))
+                    state.mark_final(named, deadline, tuple(sorted((*ids, eid))))
                     counts.late += 1
             elif ts < loose_late_before:
                 state.mark_seen(eid, ts)

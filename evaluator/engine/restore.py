@@ -29,7 +29,8 @@ def restore_state(
     finalisation deadline)."""
     state = PartitionState(history_cap=history_cap, delay_ms=deadline(0))
     rows: list[list[Any]] = []
-    markers: list[list[Any]] = []
+    markers: list[tuple[str, list[list[Any]]]] = []
+    fielded: list[tuple[str, list[Any]]] = []
     waiting: list[tuple[str, list[list[Any]]]] = []
     for name, raw in fields:
         kind, key = name[0], name[2:]
@@ -52,10 +53,7 @@ def restore_state(
         elif kind == "h":
             state.user(key).history = [(t, e) for t, e in _decode(raw)]
         elif kind == "f":
-            d, ids = _decode(raw)
-            state.final[key] = (d, tuple(ids))
-            state.expiry.append((d, 0, key))
-            state.overridden.add(key)
+            fielded.append((key, _decode(raw)))
         elif kind == "e":
             variant, t = _decode(raw)
             state.exposed[key] = (variant, t)
@@ -64,7 +62,7 @@ def restore_state(
             t = _decode(raw)
             state.seen[key] = t
             state.expiry.append((t, 1, key))
-    _remark(state, markers)
+    _remark(state, markers, fielded)
     _reopen(state, rows, deadline)
     _rewait(state, waiting, deadline)
     requests = state.requests
@@ -91,7 +89,7 @@ def _load_segmented(
     *,
     deadline: Any,
     rows: list[list[Any]],
-    markers: list[list[Any]],
+    markers: list[tuple[str, list[list[Any]]]],
 ) -> None:
     """A field of the segmented part of the changelog: request segments (and single
     ``r:`` requests) and marker segments are collected for after the loop; the
@@ -105,7 +103,7 @@ def _load_segmented(
         rows.append([key, *value])
         state.legacy.add(key)
     elif kind == "g":
-        markers += value
+        markers.append((name, value))
         state.marker_segments.append((max(row[1] for row in value), name))
         state.next_marker_segment = max(state.next_marker_segment, int(key) + 1)
     elif kind == "w":
@@ -114,14 +112,34 @@ def _load_segmented(
         state.markers_before_ms = value
 
 
-def _remark(state: PartitionState, markers: list[list[Any]]) -> None:
-    """The markers among stored segment rows: not expired, not overridden."""
-    before = state.markers_before_ms
-    for rid, d, ids in markers:
-        if rid in state.overridden or (before is not None and d < before):
+def _remark(
+    state: PartitionState,
+    segments: list[tuple[str, list[list[Any]]]],
+    fielded: list[tuple[str, list[Any]]],
+) -> None:
+    """The markers that have not expired: ``f:`` fields (each expires on its own), and
+    the segment rows they do not override (they go with their segment)."""
+    before = -(2**62) if state.markers_before_ms is None else state.markers_before_ms
+    final, applied = state.final, state.applied
+    for rid, (d, ids) in fielded:
+        if d < before:  # expired while its segment still held live markers: delete it
+            state.changes["f:" + rid] = None
             continue
-        state.final[rid] = (d, tuple(ids))
+        final[rid] = d
+        if ids:
+            applied[rid] = tuple(ids)
         state.expiry.append((d, 0, rid))
+        state.overridden.add(rid)
+    for name, rows in segments:
+        kept = []
+        for rid, d, ids in rows:
+            if d < before or rid in state.overridden:
+                continue
+            final[rid] = d
+            if ids:
+                applied[rid] = tuple(ids)
+            kept.append(rid)
+        state.segment_markers[name] = kept
 
 
 def _rewait(

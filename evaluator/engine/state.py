@@ -29,7 +29,10 @@ interaction naming a request that is not open (it may never come) is one
 Finalised markers likewise: ``g:<n>`` holds the markers of the requests
 finalised between two checkpoints, ``m:`` the bound below which markers have
 expired; a marker changed after its segment was written (an interaction counted
-late) gets an ``f:<request>`` field that overrides its row.
+late) gets an ``f:<request>`` field that overrides its row. A marker counts while
+its deadline is at or after the bound; in memory it is dropped with its segment
+(once every marker in it has expired), not one by one: markers live for
+``finalised_ttl``, and a heap entry each would cost more than the marker itself.
 """
 
 from __future__ import annotations
@@ -59,14 +62,19 @@ class PartitionState:
     named_rid: dict[str, str] = field(default_factory=dict)
     """Event id of a waiting named interaction -> its request id."""
     users: dict[str, UserState] = field(default_factory=dict)
-    final: dict[str, tuple[int, tuple[str, ...]]] = field(default_factory=dict)
-    """Finalised request -> (deadline, sorted ids of the interactions applied or counted
-    late). A tuple, not a set: markers live for ``finalised_ttl`` (millions of them),
-    and most hold zero to two ids (an empty set alone costs 216 bytes)."""
+    final: dict[str, int] = field(default_factory=dict)
+    """Finalised request -> its deadline: the marker (it counts only while the deadline
+    is at or after :attr:`markers_before_ms`; see :meth:`marker`). Markers live for
+    ``finalised_ttl`` (millions of them): the ids go in :attr:`applied`, only for
+    markers that have some."""
+    applied: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Finalised request -> sorted ids of the interactions applied or counted late (a
+    tuple, not a set: most hold one or two ids); absent when none."""
     seen: dict[str, int] = field(default_factory=dict)
     """Event ids of loose interactions pruned or counted late -> event time."""
     expiry: list[tuple[int, int, str]] = field(default_factory=list)
-    """Heap of (time, kind, key) of markers (0: ``f:``, 1: ``x:``) and of interactions
+    """Heap of (time, kind, key) of markers loaded from ``f:`` fields (0; the others go
+    with their segment), of pruned-interaction markers (1: ``x:``) and of interactions
     naming a request not open when they came (3: ``i:``; one that never arrives), dropped
     once the watermark passes time + the marker TTL. An interaction naming an open
     request has no entry: the request's finalisation removes it (so this heap does not
@@ -112,6 +120,9 @@ class PartitionState:
     marker_segments: list[tuple[int, str]] = field(default_factory=list)
     """Heap of (largest deadline, field name) of the stored marker segments (``g:<n>``),
     deleted once every marker in them has expired."""
+    segment_markers: dict[str, list[str]] = field(default_factory=dict)
+    """Marker segment -> the requests whose markers it holds: dropped from memory with
+    the segment."""
     next_marker_segment: int = 0
     overridden: set[str] = field(default_factory=set)
     """Finalised requests whose marker is stored as its own ``f:`` field (changed after
@@ -217,11 +228,19 @@ class PartitionState:
             self.changes["e:" + key] = None
         return len(gone)
 
+    def marker(self, rid: str) -> int | None:
+        """The deadline of a request's marker, None when it has none or it expired."""
+        deadline = self.final.get(rid)
+        bound = self.markers_before_ms
+        if deadline is None or (bound is not None and deadline < bound):
+            return None
+        return deadline
+
     def mark_final(self, rid: str, deadline_ms: int, event_ids: tuple[str, ...]) -> None:
         """Change a finalised request's marker (an interaction counted late); ``event_ids``
-        sorted."""
-        self.final[rid] = (deadline_ms, event_ids)
-        heapq.heappush(self.expiry, (deadline_ms, 0, rid))
+        sorted. It stays in its segment's list (its expiry is the segment's)."""
+        self.final[rid] = deadline_ms
+        self.applied[rid] = event_ids
         if rid in self.marked:  # its segment is not written yet
             return
         value = _encode((deadline_ms, event_ids))
@@ -240,7 +259,7 @@ class PartitionState:
         """Close finalised requests: remove each with the interactions that named it,
         and mark it final (its deadline, and the ids of those interactions)."""
         open_requests, fresh, changes, users = self.requests, self.fresh, self.changes, self.users
-        named, named_rid, final, expiry = self.named, self.named_rid, self.final, self.expiry
+        named, named_rid, final, applied_ids = self.named, self.named_rid, self.final, self.applied
         legacy, unwritten, fielded = self.legacy, self.waiting, self.fielded
         for request, deadline in zip(requests, deadlines_ms, strict=True):
             rid = request.request_id
@@ -260,8 +279,11 @@ class PartitionState:
             if user is not None:
                 user.open.pop(rid, None)
                 self._drop_if_empty(request.user_id, user)
-            final[rid] = (deadline, applied)
-            heapq.heappush(expiry, (deadline, 0, rid))
+            final[rid] = deadline
+            if applied:
+                applied_ids[rid] = applied
+            elif applied_ids:  # an expired marker of the same request may linger
+                applied_ids.pop(rid, None)
         self.marked.update(dict.fromkeys(r.request_id for r in requests))
 
     def finalised_through(self, watermark_ms: int) -> None:
@@ -295,17 +317,28 @@ class PartitionState:
             self.changes["m:"] = _encode(markers_before_ms)
             segments = self.marker_segments
             while segments and segments[0][0] < markers_before_ms:
-                self.changes[heapq.heappop(segments)[1]] = None
+                name = heapq.heappop(segments)[1]
+                self.changes[name] = None
+                for rid in self.segment_markers.pop(name, ()):
+                    self._drop_marker(rid, markers_before_ms)
+
+    def _drop_marker(self, rid: str, before_ms: int) -> None:
+        """Forget a request's marker if it has expired (a newer marker of the same
+        request, finalised again after the old one expired, stays)."""
+        deadline = self.final.get(rid)
+        if deadline is None or deadline >= before_ms:
+            return
+        del self.final[rid]
+        self.applied.pop(rid, None)
+        self.marked.pop(rid, None)
+        if rid in self.overridden:
+            self.overridden.discard(rid)
+            self._delete("f:" + rid)
 
     def _expire_one(self, kind: int, key: str, t: int) -> None:
         if kind == 0:
-            found = self.final.get(key)
-            if found is not None and found[0] == t:
-                del self.final[key]
-                self.marked.pop(key, None)
-                if key in self.overridden:
-                    self.overridden.discard(key)
-                    self._delete("f:" + key)
+            if self.final.get(key) == t:
+                self._drop_marker(key, t + 1)
         elif kind == 1:
             if self.seen.get(key) == t:
                 del self.seen[key]
@@ -395,16 +428,17 @@ class PartitionState:
     def _write_markers(self, out: Changes) -> None:
         """The markers of the requests finalised since the last flush: one segment (or
         several of :attr:`segment_rows`)."""
-        final = self.final
-        # a marker that expired before this flush left :attr:`marked` with it
-        rows = [(rid, *final[rid]) for rid in self.marked]
+        final, applied = self.final, self.applied
+        # a marker dropped before this flush left :attr:`marked` with it
+        rids = list(self.marked)
         self.marked = {}
-        for start in range(0, len(rows), self.segment_rows):
-            part = rows[start : start + self.segment_rows]
+        for start in range(0, len(rids), self.segment_rows):
+            part = rids[start : start + self.segment_rows]
             name = f"g:{self.next_marker_segment}"
             self.next_marker_segment += 1
-            out[name] = _encode(part)
-            heapq.heappush(self.marker_segments, (max(d for _, d, _ in part), name))
+            out[name] = _encode([(rid, final[rid], applied.get(rid, ())) for rid in part])
+            heapq.heappush(self.marker_segments, (max(final[rid] for rid in part), name))
+            self.segment_markers[name] = part
 
 
 __all__ = ["Changes", "PartitionState", "UserState", "open_request"]
