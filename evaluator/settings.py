@@ -245,10 +245,12 @@ class RedisSettings(msgspec.Struct, forbid_unknown_fields=True):
     aggregate increments, atomically) while it works through a backlog; at the end of
     its inputs it writes after every poll. Longer: less work per event, more to redo
     after a crash, a readout that lags more. 0: after every poll."""
-    finalised_ttl: str | int = "48h"
-    """How long a finalised request's marker lives: within it, a redelivered event is a
-    duplicate and a late interaction is counted late. One small hash per finalised
-    request, so it dominates memory at high request rates (docs/operations.md)."""
+    finalised_ttl: str | int = "6h"
+    """How long (of data time) a finalised request's marker lives: within it, a
+    redelivered event is a duplicate and a late interaction is counted late. Markers
+    are kept by the partition's owner and in Redis, so this sets much of the memory at
+    high request rates (docs/operations.md); failover re-reads seconds of records, so
+    only re-consuming older offsets needs more."""
 
     def ttl_s(self, name: str) -> int:
         return -(-_duration(name, getattr(self, name)) // 1000)

@@ -393,22 +393,22 @@ def test_interactions_before_their_impression_wait_for_it(make_store) -> None:
     assert (counts.late, counts.duplicates) == (0, 1)
 
 
-def test_late_interactions_find_requests_finalised_days_apart(make_store) -> None:
+def test_late_interactions_find_requests_finalised_hours_apart(make_store) -> None:
     """Finalised requests are remembered for ``finalised_ttl`` of data time: late
-    interactions naming requests finalised a day apart are each counted once."""
+    interactions naming requests finalised half a TTL apart are each counted once."""
     store = make_store(SETTINGS.layout())
-    day = 86_400_000
+    gap = SETTINGS.redis.ms("finalised_ttl") // 2
     Driver(store).ingest(
-        impressions(("r1", "u1", 1_000, ["a"]), ("r2", "u2", 1_000 + day, ["a"])),
+        impressions(("r1", "u1", 1_000, ["a"]), ("r2", "u2", 1_000 + gap, ["a"])),
         interactions(),
     )
-    Driver(store).finalise(CONFIG.deadline(1_000 + day))
+    Driver(store).finalise(CONFIG.deadline(1_000 + gap))
     late = interactions(
-        ("i1", "u1", "a", "r1", 1_500, "click"), ("i2", "u2", "a", "r2", 1_500 + day, "click")
+        ("i1", "u1", "a", "r1", 1_500, "click"), ("i2", "u2", "a", "r2", 1_500 + gap, "click")
     )
     assert Driver(store).ingest(impressions(), late).late == 2
     assert Driver(store).ingest(impressions(), late).duplicates == 2
-    again = impressions(("r1", "u1", 1_000, ["a"]), ("r2", "u2", 1_000 + day, ["a"]))
+    again = impressions(("r1", "u1", 1_000, ["a"]), ("r2", "u2", 1_000 + gap, ["a"]))
     assert Driver(store).ingest(again, interactions()).duplicates == 2
     assert Driver(store).finalise(10**14) == []
 

@@ -51,7 +51,7 @@ class EngineConfig:
     idle_timeout_ms: int = 30_000
     history_cap: int = 3
     attribute: str = "category"
-    finalised_ttl_ms: int = 2 * 86_400_000
+    finalised_ttl_ms: int = 6 * 3_600_000
     history_ttl_ms: int = 30 * 86_400_000
     inputs: tuple[str, ...] = ("impressions", "interactions")
     """The engine's input streams: each holds the watermark back until it delivers or
