@@ -121,7 +121,7 @@ def _markers(tasks: Tasks, raw: redis.Redis, state: str, n: int) -> tuple[float,
     tasks._checkpoint(0, owned)
     process = tracemalloc.get_traced_memory()[0] / n
     tracemalloc.stop()
-    assert len(engine.state.final) == n
+    assert len(engine.state.markers.final) == n
     return int(raw.memory_usage(state, samples=0) or 0) / n, process  # type: ignore[arg-type]
 
 

@@ -109,8 +109,11 @@ def apply_changes(changelog: dict[str, bytes], changes: dict[str, bytes | None])
 
 def live_markers(state: PartitionState) -> dict[str, tuple[int, tuple[str, ...]]]:
     """The markers that count: (deadline, ids applied) of those not expired."""
-    bound = -(2**62) if state.markers_before_ms is None else state.markers_before_ms
-    return {rid: (d, state.applied.get(rid, ())) for rid, d in state.final.items() if d >= bound}
+    markers = state.markers
+    bound = -(2**62) if markers.before_ms is None else markers.before_ms
+    return {
+        rid: (d, markers.applied.get(rid, ())) for rid, d in markers.final.items() if d >= bound
+    }
 
 
 def assert_same_state(restored: PartitionState, live: PartitionState) -> None:
@@ -179,10 +182,10 @@ def test_markers_expire_alike_in_memory_and_restored(seed: int, restore_every: i
     state = engine.state
     assert live_markers(state)
     # an expired marker lingers in memory only in a segment that still holds live ones
-    lingering = {rid for rid, d in state.final.items() if d < before}
-    held = {rid for rids in state.segment_markers.values() for rid in rids}
+    lingering = {rid for rid, d in state.markers.final.items() if d < before}
+    held = {rid for rids in state.markers.members.values() for rid in rids}
     assert lingering <= held
-    assert state.segment_markers.keys() == {k for k in changelog if k[0] == "g"}
+    assert state.markers.members.keys() == {k for k in changelog if k[0] == "g"}
 
 
 def test_an_expired_marker_still_in_memory_counts_for_nothing() -> None:
@@ -215,14 +218,14 @@ def test_an_expired_marker_still_in_memory_counts_for_nothing() -> None:
         step(engine, [imp("q3", config.finalise.deadline(t0) + ttl + 1)], settings)
         engine.finalise_due()
         apply_changes(changelog, engine.take()[0])
-        assert engine.state.markers_before_ms == config.finalise.deadline(t0) + 1
+        assert engine.state.markers.before_ms == config.finalise.deadline(t0) + 1
         assert "g:0" in changelog
         if restored:
             state = restore_state(changelog.items(), config.finalise.deadline, config.history_cap)
-            assert "q1" not in state.final
+            assert "q1" not in state.markers.final
             engine = PartitionEngine(0, config, state, engine.watermark_ms, engine.input_times())
         else:
-            assert "q1" in engine.state.final  # expired, still in memory
+            assert "q1" in engine.state.markers.final  # expired, still in memory
         step(
             engine,
             [imp("q1", t0), click("c1", "q1", t0 + 1), click("c2", "q2", t0 + gap)],
@@ -263,13 +266,13 @@ def test_marker_fields_go_once_expired_in_memory_and_restored() -> None:
             step(engine, [("impressions", imp)], settings)
             engine.finalise_due()
             apply_changes(changelog, engine.take()[0])
-            if "q1" in engine.state.final:
+            if "q1" in engine.state.markers.final:
                 assert {"f:q1", "g:0"} <= changelog.keys()
                 if restored:  # a new owner loads it expired
                     state = restore_state(
                         changelog.items(), config.finalise.deadline, config.history_cap
                     )
-                    assert "q1" not in state.final
+                    assert "q1" not in state.markers.final
                     watermark, times = engine.watermark_ms, engine.input_times()
                     engine = PartitionEngine(0, config, state, watermark, times)
         assert not [key for key in changelog if key[0] in "fg"], restored

@@ -137,7 +137,8 @@ class PartitionEngine:
 
     def _ingest_impressions(self, impressions: ImpressionBatch) -> None:
         state, counts = self.state, self.counts
-        requests, final = state.requests, state.final
+        requests, markers = state.requests, state.markers
+        final = markers.final
         delay = self.config.finalise.deadline(0)  # a constant delay after each impression
         attribute = self.config.attribute
         # experiments whose records were dropped (ended a horizon ago, by the data's own
@@ -147,7 +148,7 @@ class PartitionEngine:
         fresh: list[OpenRequest] = []
         for event, ts in zip(impressions.events, impressions.timestamp_ms, strict=True):
             rid = event.request_id
-            if rid in requests or (rid in final and state.marker(rid) is not None):
+            if rid in requests or (rid in final and markers.deadline(rid) is not None):
                 counts.duplicates += 1
                 continue
             request = open_request(event, ts, attribute)
@@ -162,8 +163,8 @@ class PartitionEngine:
 
     def _ingest_interactions(self, interactions: InteractionBatch) -> None:
         state, counts = self.state, self.counts
-        named_rid, seen, users, final = state.named_rid, state.seen, state.users, state.final
-        applied = state.applied
+        named_rid, seen, users, markers = state.named_rid, state.seen, state.users, state.markers
+        final, applied = markers.final, markers.applied
         loose_late_before = self._loose_late_before()
         for it, ts, grade in zip(
             interactions.events, interactions.timestamp_ms, interactions.grade, strict=True
@@ -180,7 +181,7 @@ class PartitionEngine:
                 state.add_history(it.user_id, eid, ts)
             named = it.request_id
             if named:
-                deadline = state.marker(named) if named in final else None
+                deadline = markers.deadline(named) if named in final else None
                 if deadline is None:
                     state.add_named(named, PendingInteraction(eid, it.item_id, ts, grade))
                     continue
@@ -188,7 +189,7 @@ class PartitionEngine:
                 if eid in ids:
                     counts.duplicates += 1
                 else:
-                    state.mark_final(named, deadline, tuple(sorted((*ids, eid))))
+                    markers.change(named, deadline, tuple(sorted((*ids, eid))))
                     counts.late += 1
             elif ts < loose_late_before:
                 state.mark_seen(eid, ts)

@@ -62,7 +62,7 @@ def restore_state(
             t = _decode(raw)
             state.seen[key] = t
             state.expiry.append((t, 1, key))
-    _remark(state, markers, fielded)
+    state.markers.load(markers, fielded)
     _reopen(state, rows, deadline)
     _rewait(state, waiting, deadline)
     requests = state.requests
@@ -72,8 +72,7 @@ def restore_state(
         if rid not in requests
         for eid, it in pending.items()
     ]
-    for heap in (state.segments, state.marker_segments):
-        heapq.heapify(heap)
+    heapq.heapify(state.segments)
     heapq.heapify(state.deadlines)
     heapq.heapify(state.expiry)
     heapq.heapify(state.loose_expiry)
@@ -104,42 +103,10 @@ def _load_segmented(
         state.legacy.add(key)
     elif kind == "g":
         markers.append((name, value))
-        state.marker_segments.append((max(row[1] for row in value), name))
-        state.next_marker_segment = max(state.next_marker_segment, int(key) + 1)
     elif kind == "w":
         state.finalised_ms = value
     else:  # "m"
-        state.markers_before_ms = value
-
-
-def _remark(
-    state: PartitionState,
-    segments: list[tuple[str, list[list[Any]]]],
-    fielded: list[tuple[str, list[Any]]],
-) -> None:
-    """The markers that have not expired: ``f:`` fields (each expires on its own), and
-    the segment rows they do not override (they go with their segment)."""
-    before = -(2**62) if state.markers_before_ms is None else state.markers_before_ms
-    final, applied = state.final, state.applied
-    for rid, (d, ids) in fielded:
-        if d < before:  # expired while its segment still held live markers: delete it
-            state.changes["f:" + rid] = None
-            continue
-        final[rid] = d
-        if ids:
-            applied[rid] = tuple(ids)
-        state.expiry.append((d, 0, rid))
-        state.overridden.add(rid)
-    for name, rows in segments:
-        kept = []
-        for rid, d, ids in rows:
-            if d < before or rid in state.overridden:
-                continue
-            final[rid] = d
-            if ids:
-                applied[rid] = tuple(ids)
-            kept.append(rid)
-        state.segment_markers[name] = kept
+        state.markers.before_ms = value
 
 
 def _rewait(
@@ -171,11 +138,11 @@ def _reopen(state: PartitionState, rows: list[list[Any]], deadline: Any) -> None
         rid, ts = row[0], row[3]
         d = deadline(ts)
         if rid in state.legacy:
-            if rid in state.final:  # its field should have gone with it
+            if rid in state.markers.final:  # its field should have gone with it
                 state.legacy.discard(rid)
                 state.changes["r:" + rid] = None
                 continue
-        elif (through is not None and d <= through) or rid in state.final:
+        elif (through is not None and d <= through) or rid in state.markers.final:
             continue
         state.requests[rid] = request_of(rid, row[1:])
         state.deadlines.append((d, rid))

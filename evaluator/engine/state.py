@@ -26,13 +26,7 @@ as its request is open (the request's finalisation consumes it), and the segment
 is deleted once the watermark has passed the deadline of every request in it. An
 interaction naming a request that is not open (it may never come) is one
 ``i:<event>`` field, deleted when its request consumes it or after the marker TTL.
-Finalised markers likewise: ``g:<n>`` holds the markers of the requests
-finalised between two checkpoints, ``m:`` the bound below which markers have
-expired; a marker changed after its segment was written (an interaction counted
-late) gets an ``f:<request>`` field that overrides its row. A marker counts while
-its deadline is at or after the bound; in memory it is dropped with its segment
-(once every marker in it has expired), not one by one: markers live for
-``finalised_ttl``, and a heap entry each would cost more than the marker itself.
+Finalised markers are kept and written by :class:`~evaluator.engine.markers.Markers`.
 """
 
 from __future__ import annotations
@@ -40,6 +34,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
+from evaluator.engine.markers import Markers
 from evaluator.engine.records import UserState, encode, open_request, request_row
 from evaluator.finalise import OpenRequest, PendingInteraction
 
@@ -62,19 +57,10 @@ class PartitionState:
     named_rid: dict[str, str] = field(default_factory=dict)
     """Event id of a waiting named interaction -> its request id."""
     users: dict[str, UserState] = field(default_factory=dict)
-    final: dict[str, int] = field(default_factory=dict)
-    """Finalised request -> its deadline: the marker (it counts only while the deadline
-    is at or after :attr:`markers_before_ms`; see :meth:`marker`). Markers live for
-    ``finalised_ttl`` (millions of them): the ids go in :attr:`applied`, only for
-    markers that have some."""
-    applied: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    """Finalised request -> sorted ids of the interactions applied or counted late (a
-    tuple, not a set: most hold one or two ids); absent when none."""
     seen: dict[str, int] = field(default_factory=dict)
     """Event ids of loose interactions pruned or counted late -> event time."""
     expiry: list[tuple[int, int, str]] = field(default_factory=list)
-    """Heap of (time, kind, key) of markers loaded from ``f:`` fields (0; the others go
-    with their segment), of pruned-interaction markers (1: ``x:``) and of interactions
+    """Heap of (time, kind, key) of pruned-interaction markers (1: ``x:``) and of interactions
     naming a request not open when they came (3: ``i:``; one that never arrives), dropped
     once the watermark passes time + the marker TTL. An interaction naming an open
     request has no entry: the request's finalisation removes it (so this heap does not
@@ -115,20 +101,11 @@ class PartitionState:
     finalised_ms: int | None = None
     """Every request whose deadline is at or before this was finalised (the watermark
     of the latest finalisation; field ``w:``)."""
-    marked: dict[str, None] = field(default_factory=dict)
-    """Requests finalised since the last flush: their markers go in one segment."""
-    marker_segments: list[tuple[int, str]] = field(default_factory=list)
-    """Heap of (largest deadline, field name) of the stored marker segments (``g:<n>``),
-    deleted once every marker in them has expired."""
-    segment_markers: dict[str, list[str]] = field(default_factory=dict)
-    """Marker segment -> the requests whose markers it holds: dropped from memory with
-    the segment."""
-    next_marker_segment: int = 0
-    overridden: set[str] = field(default_factory=set)
-    """Finalised requests whose marker is stored as its own ``f:`` field (changed after
-    its segment was written, or written by a version before marker segments)."""
-    markers_before_ms: int | None = None
-    """Markers whose deadline is before this have expired (field ``m:``)."""
+    markers: Markers = field(init=False)
+    """The finalised markers (they record their changes here)."""
+
+    def __post_init__(self) -> None:
+        self.markers = Markers(self)
 
     # --- writes -----------------------------------------------------------------
 
@@ -153,19 +130,23 @@ class PartitionState:
             user.open[rid] = ts
             fresh[rid] = request
 
-    def _create(self, name: str, value: bytes) -> None:
+    def create(self, name: str, value: bytes) -> None:
         """Write a field that the store does not hold unless deleted since the flush."""
         if name not in self.changes:
             self.born.add(name)
         self.changes[name] = value
 
-    def _delete(self, name: str) -> None:
+    def delete(self, name: str) -> None:
         """Delete a field: a deletion for the store, or nothing if created since the flush."""
         if name in self.born:
             self.born.discard(name)
             del self.changes[name]
         else:
             self.changes[name] = None
+
+    def set(self, name: str, value: bytes | None) -> None:
+        """Write or delete a field (one the store may hold)."""
+        self.changes[name] = value
 
     def add_named(self, rid: str, it: PendingInteraction) -> None:
         eid = it.event_id
@@ -176,12 +157,12 @@ class PartitionState:
             return
         heapq.heappush(self.expiry, (it.timestamp_ms, 3, eid))
         self.fielded.add(eid)
-        self._create("i:" + eid, _encode((rid, it.item_id, it.timestamp_ms, it.grade)))
+        self.create("i:" + eid, _encode((rid, it.item_id, it.timestamp_ms, it.grade)))
 
     def add_loose(self, user_id: str, it: PendingInteraction) -> None:
         self.user(user_id).loose[it.event_id] = it
         heapq.heappush(self.loose_expiry, (it.timestamp_ms, 2, user_id + "\x1f" + it.event_id))
-        self._create("l:" + it.event_id, _encode((user_id, it.item_id, it.timestamp_ms, it.grade)))
+        self.create("l:" + it.event_id, _encode((user_id, it.item_id, it.timestamp_ms, it.grade)))
 
     def add_history(self, user_id: str, event_id: str, timestamp_ms: int) -> None:
         """Keep the user's earliest ``history_cap`` relevant interactions."""
@@ -228,38 +209,16 @@ class PartitionState:
             self.changes["e:" + key] = None
         return len(gone)
 
-    def marker(self, rid: str) -> int | None:
-        """The deadline of a request's marker, None when it has none or it expired."""
-        deadline = self.final.get(rid)
-        bound = self.markers_before_ms
-        if deadline is None or (bound is not None and deadline < bound):
-            return None
-        return deadline
-
-    def mark_final(self, rid: str, deadline_ms: int, event_ids: tuple[str, ...]) -> None:
-        """Change a finalised request's marker (an interaction counted late); ``event_ids``
-        sorted. It stays in its segment's list (its expiry is the segment's)."""
-        self.final[rid] = deadline_ms
-        self.applied[rid] = event_ids
-        if rid in self.marked:  # its segment is not written yet
-            return
-        value = _encode((deadline_ms, event_ids))
-        if rid in self.overridden:
-            self.changes["f:" + rid] = value
-        else:  # a field of its own overrides the written segment's row
-            self.overridden.add(rid)
-            self._create("f:" + rid, value)
-
     def mark_seen(self, event_id: str, timestamp_ms: int) -> None:
         self.seen[event_id] = timestamp_ms
         heapq.heappush(self.expiry, (timestamp_ms, 1, event_id))
-        self._create("x:" + event_id, _encode(timestamp_ms))
+        self.create("x:" + event_id, _encode(timestamp_ms))
 
     def finish(self, requests: list[OpenRequest], deadlines_ms: list[int]) -> None:
         """Close finalised requests: remove each with the interactions that named it,
         and mark it final (its deadline, and the ids of those interactions)."""
         open_requests, fresh, changes, users = self.requests, self.fresh, self.changes, self.users
-        named, named_rid, final, applied_ids = self.named, self.named_rid, self.final, self.applied
+        named, named_rid, mark = self.named, self.named_rid, self.markers.add
         legacy, unwritten, fielded = self.legacy, self.waiting, self.fielded
         for request, deadline in zip(requests, deadlines_ms, strict=True):
             rid = request.request_id
@@ -274,17 +233,12 @@ class PartitionState:
                 # not yet written, or a row of a segment that goes by its deadlines
                 if unwritten.pop(eid, None) is None and eid in fielded:
                     fielded.discard(eid)
-                    self._delete("i:" + eid)
+                    self.delete("i:" + eid)
             user = users.get(request.user_id)
             if user is not None:
                 user.open.pop(rid, None)
                 self._drop_if_empty(request.user_id, user)
-            final[rid] = deadline
-            if applied:
-                applied_ids[rid] = applied
-            elif applied_ids:  # an expired marker of the same request may linger
-                applied_ids.pop(rid, None)
-        self.marked.update(dict.fromkeys(r.request_id for r in requests))
+            mark(rid, deadline, applied)
 
     def finalised_through(self, watermark_ms: int) -> None:
         """Record that every request due at ``watermark_ms`` is finalised, and delete the
@@ -312,37 +266,13 @@ class PartitionState:
             while heap and heap[0][0] < before:
                 t, kind, key = heapq.heappop(heap)
                 self._expire_one(kind, key, t)
-        if self.markers_before_ms is None or markers_before_ms > self.markers_before_ms:
-            self.markers_before_ms = markers_before_ms
-            self.changes["m:"] = _encode(markers_before_ms)
-            segments = self.marker_segments
-            while segments and segments[0][0] < markers_before_ms:
-                name = heapq.heappop(segments)[1]
-                self.changes[name] = None
-                for rid in self.segment_markers.pop(name, ()):
-                    self._drop_marker(rid, markers_before_ms)
-
-    def _drop_marker(self, rid: str, before_ms: int) -> None:
-        """Forget a request's marker if it has expired (a newer marker of the same
-        request, finalised again after the old one expired, stays)."""
-        deadline = self.final.get(rid)
-        if deadline is None or deadline >= before_ms:
-            return
-        del self.final[rid]
-        self.applied.pop(rid, None)
-        self.marked.pop(rid, None)
-        if rid in self.overridden:
-            self.overridden.discard(rid)
-            self._delete("f:" + rid)
+        self.markers.expire(markers_before_ms)
 
     def _expire_one(self, kind: int, key: str, t: int) -> None:
-        if kind == 0:
-            if self.final.get(key) == t:
-                self._drop_marker(key, t + 1)
-        elif kind == 1:
+        if kind == 1:
             if self.seen.get(key) == t:
                 del self.seen[key]
-                self._delete("x:" + key)
+                self.delete("x:" + key)
         elif kind == 3:  # a named interaction whose request never came
             rid = self.named_rid.get(key)
             if rid is not None and rid not in self.requests:
@@ -352,13 +282,13 @@ class PartitionState:
                 if not waiting:
                     del self.named[rid]
                 self.fielded.discard(key)
-                self._delete("i:" + key)
+                self.delete("i:" + key)
         else:
             uid, eid = key.split("\x1f", 1)
             user = self.users.get(uid)
             if user is not None and eid in user.loose:
                 del user.loose[eid]
-                self._delete("l:" + eid)
+                self.delete("l:" + eid)
                 self.mark_seen(eid, t)
                 self._drop_if_empty(uid, user)
 
@@ -373,7 +303,7 @@ class PartitionState:
 
     def unwritten(self) -> int:
         """Changelog fields and segment rows waiting for the next flush."""
-        return len(self.changes) + len(self.fresh) + len(self.waiting) + len(self.marked)
+        return len(self.changes) + len(self.fresh) + len(self.waiting) + len(self.markers.marked)
 
     def flush(self) -> Changes:
         """The changes since the last flush (and forget them); requests opened since then
@@ -384,8 +314,8 @@ class PartitionState:
         self.fresh = {}
         if self.waiting:
             self._write_waiting(out)
-        if self.marked:
-            self._write_markers(out)
+        if self.markers.marked:
+            self.markers.write(out, self.segment_rows)
         self.born = set()
         return out
 
@@ -424,21 +354,6 @@ class PartitionState:
             out[name] = _encode(part)
             last = max(requests[row[1]].timestamp_ms for row in part) + delay
             heapq.heappush(self.segments, (last, name))
-
-    def _write_markers(self, out: Changes) -> None:
-        """The markers of the requests finalised since the last flush: one segment (or
-        several of :attr:`segment_rows`)."""
-        final, applied = self.final, self.applied
-        # a marker dropped before this flush left :attr:`marked` with it
-        rids = list(self.marked)
-        self.marked = {}
-        for start in range(0, len(rids), self.segment_rows):
-            part = rids[start : start + self.segment_rows]
-            name = f"g:{self.next_marker_segment}"
-            self.next_marker_segment += 1
-            out[name] = _encode([(rid, final[rid], applied.get(rid, ())) for rid in part])
-            heapq.heappush(self.marker_segments, (max(final[rid] for rid in part), name))
-            self.segment_markers[name] = part
 
 
 __all__ = ["Changes", "PartitionState", "UserState", "open_request"]
