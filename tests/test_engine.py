@@ -14,6 +14,7 @@ import pytest
 from evaluator.commands.replay import evaluate_files
 from evaluator.config import load_settings
 from evaluator.engine.partition import EngineConfig, PartitionEngine
+from evaluator.engine.records import SharedStrings
 from evaluator.engine.restore import restore_state
 from evaluator.engine.state import PartitionState
 from evaluator.events import decode_impressions, decode_interactions
@@ -508,3 +509,36 @@ def test_engine_and_replay_deduplicate_impressions_by_request_id(tmp_path) -> No
     requests = {e["request_id"] for e in events.impressions}
     assert sum(len(d.requests) for d in done) == len(requests)
     assert sum(v["requests"] for v in report["variants"].values()) == len(requests)
+
+
+def test_open_requests_share_equal_item_ids_and_attribute_values() -> None:
+    """Decoding gives every impression strings of its own; an open request keeps one
+    object per distinct item id and attribute value (they repeat across requests and
+    are most of its memory), also when loaded from the changelog, within a bound."""
+    settings = load_settings(environ={})
+    config = engine_config(settings)
+    events = [
+        {
+            "event_id": f"i{n}",
+            "request_id": f"q{n}",
+            "user_id": f"u{n}",
+            "variant": "a",
+            "timestamp": 1_000 + n,
+            "items": ["item-x", "item-y"],
+            "item_attributes": {config.attribute: ["cat-1", "cat-1"]},
+        }
+        for n in range(2)
+    ]
+    engine = PartitionEngine(0, config)
+    step(engine, [("impressions", e) for e in events], settings)
+    first, second = (engine.state.requests[f"q{n}"] for n in range(2))
+    assert first.items == second.items == ["item-x", "item-y"]
+    assert all(a is b for a, b in zip(first.items, second.items, strict=True))
+    assert first.attributes[0] is first.attributes[1] is second.attributes[1]
+    changelog: dict[str, bytes] = {}
+    apply_changes(changelog, engine.take()[0])
+    state = restore_state(changelog.items(), config.finalise.deadline, config.history_cap)
+    assert state.requests["q0"].items[0] is first.items[0]
+    bounded = SharedStrings(limit=2)
+    assert bounded(["a", "b"]) == ["a", "b"] and len(bounded) == 2
+    assert bounded(["c"]) == ["c"] and len(bounded) == 1  # started afresh at the bound

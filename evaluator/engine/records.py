@@ -3,6 +3,7 @@ as an impression starts it and as a changelog segment stores it. Pure."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +14,36 @@ from evaluator.finalise import OpenRequest, PendingInteraction
 
 encode = msgspec.msgpack.Encoder().encode
 decode = msgspec.msgpack.Decoder().decode
+
+SHARED_LIMIT = 1 << 19
+"""Distinct strings :class:`SharedStrings` remembers before it starts afresh."""
+
+
+class SharedStrings:
+    """One object per distinct item id or attribute value among the open requests.
+
+    Decoding gives every impression its own strings: 20 item ids of ~55 bytes each,
+    and as many attribute values, most of them repeated across requests (a catalog's
+    items, a handful of categories), about two thirds of an open request's memory.
+    Equal strings are replaced by the one seen first. Bounded: at
+    :data:`SHARED_LIMIT` entries it forgets them all (those already shared stay so)."""
+
+    def __init__(self, limit: int = SHARED_LIMIT) -> None:
+        self.limit = limit
+        self._known: dict[str, str] = {}
+
+    def __call__(self, values: Iterable[str]) -> list[str]:
+        known = self._known
+        if len(known) >= self.limit:
+            known.clear()
+        return list(map(known.setdefault, values, values))
+
+    def __len__(self) -> int:
+        return len(self._known)
+
+
+share = SharedStrings()
+"""The process's strings shared among open requests (the engine runs on one thread)."""
 
 
 @dataclass(slots=True)
@@ -54,31 +85,31 @@ def request_of(rid: str, fields: list[Any]) -> OpenRequest:
         uid,
         variant,
         ts,
-        items,
-        attributes=attrs,
+        share(items),
+        attributes=share(attrs),
         shadow_variant=shadow_variant,
-        shadow=shadow,
+        shadow=share(shadow),
         context=context,
         randomization=(rnd[0], rnd[1]) if rnd else None,
     )
 
 
 def open_request(event: Impression, timestamp_ms: int, attribute: str) -> OpenRequest:
-    """The open request an impression starts (its first shadow ranking by name kept).
-    It shares the decoded event's lists (the event is not used after)."""
+    """The open request an impression starts (its first shadow ranking by name kept),
+    with its item ids and attribute values shared (:data:`share`)."""
     shadow_variant, shadow = "", []
     if event.shadow:
         shadow_variant = min(event.shadow)
-        shadow = list(event.shadow[shadow_variant])
+        shadow = share(event.shadow[shadow_variant])
     attributes = event.item_attributes
     return OpenRequest(
         event.request_id,
         event.user_id,
         event.variant,
         timestamp_ms,
-        event.items,
+        share(event.items),
         [],
-        list(attributes.get(attribute, ())) if attributes else [],
+        share(attributes.get(attribute, ())) if attributes else [],
         shadow_variant,
         shadow,
         event.context or "",
