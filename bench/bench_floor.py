@@ -23,8 +23,7 @@ import uuid
 
 import msgspec
 from _common import machine
-from bench_run import events, produce
-from kafka import KafkaConsumer
+from bench_run import events, plain_consumer, produce
 
 from evaluator.config import load_settings
 from evaluator.events import decode_impressions, decode_interactions
@@ -34,15 +33,7 @@ MODES = ("raw", "raw again", "msgspec decode", "evaluator decode + validate")
 
 def consume(bootstrap: str, name: str, total: int, mode: str) -> tuple[float, float]:
     """Events/s and CPU µs per event of reading every record of both topics."""
-    consumer = KafkaConsumer(
-        f"{name}-impressions",
-        f"{name}-interactions",
-        bootstrap_servers=bootstrap,
-        group_id=f"{name}-{uuid.uuid4().hex[:6]}",
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        max_poll_records=5000,
-    )
+    consumer = plain_consumer(bootstrap, name, f"{name}-{uuid.uuid4().hex[:6]}")
     profile = load_settings(environ={}).relevance.active()
     decode = msgspec.json.Decoder().decode
     seen, start, cpu = 0, 0.0, 0.0

@@ -63,17 +63,22 @@ def produce(bootstrap: str, name: str, imps: list[bytes], ints: list[bytes]) -> 
     producer.close()
 
 
-def raw_rate(bootstrap: str, name: str, total: int) -> tuple[float, float]:
-    """Events/s and CPU µs per event of a plain consumer (this process)."""
-    consumer = KafkaConsumer(
+def plain_consumer(bootstrap: str, name: str, group: str) -> KafkaConsumer:
+    """A kafka-python consumer of both topics from the start, as the ceiling reads them."""
+    return KafkaConsumer(
         f"{name}-impressions",
         f"{name}-interactions",
         bootstrap_servers=bootstrap,
-        group_id=f"{name}-raw",
+        group_id=group,
         auto_offset_reset="earliest",
         enable_auto_commit=False,
         max_poll_records=5000,
     )
+
+
+def raw_rate(bootstrap: str, name: str, total: int) -> tuple[float, float]:
+    """Events/s and CPU µs per event of a plain consumer (this process)."""
+    consumer = plain_consumer(bootstrap, name, f"{name}-raw")
     seen, start, cpu = 0, None, 0.0
     while seen < total:
         records = consumer.poll(timeout_ms=500, max_records=5000)
