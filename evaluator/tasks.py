@@ -18,7 +18,6 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
 
 from evaluator.batches import PartitionBatch, PipelineStats, Rejected, wall_clock_ms
 from evaluator.bounds import ForwardingBounds, fresher
@@ -27,7 +26,7 @@ from evaluator.curves import BucketCurves
 from evaluator.engine.checkpoint import Delta, Marks, Outcome
 from evaluator.engine.partition import EngineConfig, PartitionEngine
 from evaluator.engine.restore import restore_state
-from evaluator.finalise import Finalised
+from evaluator.owned import Owned
 from evaluator.partitioner import PartitionOf
 from evaluator.routing import Decoder, Forwarded
 from evaluator.runtime import long_lived
@@ -58,31 +57,6 @@ def engine_config(settings: Settings, partitions: int | None = None) -> EngineCo
         if settings.kafka.partitioner == "trust"
         else ("impressions", "interactions", "repartition"),
     )
-
-
-@dataclass(slots=True)
-class Owned:
-    """An owned partition: its engine and the epoch its checkpoints carry."""
-
-    engine: PartitionEngine
-    epoch: int
-    seq: int
-    """Checkpoints written so far (the store refuses a write that does not follow it)."""
-    offsets: dict[str, int] = field(default_factory=dict)
-    """Input -> next offset to consume, as of the engine's state in memory."""
-    written_marks: tuple[int | None, int | None] = (None, None)
-    """(watermark, own watermark) as of the last checkpoint."""
-    forwarded_ms: int | None = None
-    """Wall clock of the latest event this partition forwarded."""
-    durable: dict[str, int] = field(default_factory=dict)
-    """Input -> next offset to consume, as of the last checkpoint written (what a new
-    owner resumes from, and what is committed to Kafka)."""
-    checkpointed_ms: int | None = None
-    """Wall clock of the last checkpoint written (None: none yet by this owner)."""
-    done: list[Finalised] = field(default_factory=list)
-    """Requests finalised since the last checkpoint, written with the next one."""
-    consumed: bool = False
-    """Records were consumed since the last checkpoint."""
 
 
 def partition_number(name: str) -> int:

@@ -14,14 +14,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from evaluator.engine.checkpoint import Delta, Outcome
 from evaluator.engine.partition import StepCounts
+from evaluator.owned import Owned
 from evaluator.stores.base import StateStore
-
-if TYPE_CHECKING:
-    from evaluator.tasks import Owned
 
 T = TypeVar("T")
 
