@@ -59,12 +59,14 @@ class OpenRequest:
     user_id: str
     variant: str
     timestamp_ms: int
-    items: list[str]
-    interactions: list[PendingInteraction] = field(default_factory=list)
-    attributes: list[str] = field(default_factory=list)
+    items: Sequence[str]
+    interactions: Sequence[PendingInteraction] = ()
+    """Set when the request is closed; the shared empty tuple until then (no empty
+    list per open request: a lot of them are held)."""
+    attributes: Sequence[str] = ()
     """Values of the diversity attribute, parallel to ``items`` (may be empty)."""
     shadow_variant: str = ""
-    shadow: list[str] = field(default_factory=list)
+    shadow: Sequence[str] = ()
     """The ranking ``shadow_variant`` would have shown (empty: none)."""
     context: str = ""
     randomization: tuple[str, int] | None = None

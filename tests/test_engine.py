@@ -532,13 +532,14 @@ def test_open_requests_share_equal_item_ids_and_attribute_values() -> None:
     engine = PartitionEngine(0, config)
     step(engine, [("impressions", e) for e in events], settings)
     first, second = (engine.state.requests[f"q{n}"] for n in range(2))
-    assert first.items == second.items == ["item-x", "item-y"]
+    assert first.items == second.items == ("item-x", "item-y")
     assert all(a is b for a, b in zip(first.items, second.items, strict=True))
     assert first.attributes[0] is first.attributes[1] is second.attributes[1]
+    assert first.shadow is first.interactions is second.shadow == ()  # no empty list each
     changelog: dict[str, bytes] = {}
     apply_changes(changelog, engine.take()[0])
     state = restore_state(changelog.items(), config.finalise.deadline, config.history_cap)
     assert state.requests["q0"].items[0] is first.items[0]
     bounded = SharedStrings(limit=2)
-    assert bounded(["a", "b"]) == ["a", "b"] and len(bounded) == 2
-    assert bounded(["c"]) == ["c"] and len(bounded) == 1  # started afresh at the bound
+    assert bounded(["a", "b"]) == ("a", "b") and len(bounded) == 2
+    assert bounded(["c"]) == ("c",) and len(bounded) == 1  # started afresh at the bound

@@ -32,15 +32,18 @@ class SharedStrings:
         self.limit = limit
         self._known: dict[str, str] = {}
 
-    def __call__(self, values: Iterable[str]) -> list[str]:
+    def __call__(self, values: Iterable[str]) -> tuple[str, ...]:
+        """The values, shared, as a tuple (exactly sized; empty: the one empty tuple)."""
         known = self._known
         if len(known) >= self.limit:
             known.clear()
-        return list(map(known.setdefault, values, values))
+        return tuple(map(known.setdefault, values, values))
 
     def __len__(self) -> int:
         return len(self._known)
 
+
+EMPTY: tuple[str, ...] = ()
 
 share = SharedStrings()
 """The process's strings shared among open requests (the engine runs on one thread)."""
@@ -97,7 +100,7 @@ def request_of(rid: str, fields: list[Any]) -> OpenRequest:
 def open_request(event: Impression, timestamp_ms: int, attribute: str) -> OpenRequest:
     """The open request an impression starts (its first shadow ranking by name kept),
     with its item ids and attribute values shared (:data:`share`)."""
-    shadow_variant, shadow = "", []
+    shadow_variant, shadow = "", EMPTY
     if event.shadow:
         shadow_variant = min(event.shadow)
         shadow = share(event.shadow[shadow_variant])
@@ -108,8 +111,8 @@ def open_request(event: Impression, timestamp_ms: int, attribute: str) -> OpenRe
         event.variant,
         timestamp_ms,
         share(event.items),
-        [],
-        share(attributes.get(attribute, ())) if attributes else [],
+        (),
+        share(attributes.get(attribute, ())) if attributes else (),
         shadow_variant,
         shadow,
         event.context or "",
