@@ -100,6 +100,10 @@ class Finalised:
     late: int = 0
     """Set by the store's commit: interactions stored after these requests were loaded,
     so not applied (counted late, like those arriving after finalisation)."""
+    loose_taken: I64 = field(default_factory=lambda: np.zeros(0, np.int64))
+    """Indexes (in the :class:`LooseJoin`'s interactions) of the request-less
+    interactions these requests took: each is attributed once, so the engine forgets
+    them (an impression arriving after its deadline cannot take them again)."""
     experiment_rows: dict[str, npt.NDArray[np.intp]] = field(default_factory=dict)
     """Per experiment, the rows that count for its cumulative statistics (see
     :mod:`evaluator.experiments`); set by the engine."""
@@ -164,9 +168,24 @@ def attribute_loose(
     ``classify=True`` counts every outcome (replay: every impression is being
     finalised); False counts attributions only (live: an interaction not attributed
     now may still join a later request)."""
+    return join_loose(
+        impressions, impression_row, interactions, rules, outcomes, classify=classify
+    )[0]
+
+
+def join_loose(
+    impressions: UserImpressions,
+    impression_row: I64,
+    interactions: LooseInteractions,
+    rules: JoinRules,
+    outcomes: Counter[str],
+    *,
+    classify: bool,
+) -> tuple[Attributed, I64]:
+    """:func:`attribute_loose`, and the indexes of the interactions it attributed."""
     users, items, times, grades = interactions
     if not items:
-        return Attributed.join([])
+        return Attributed.join([]), np.zeros(0, np.int64)
     codes, chosen, positions = join_by_user_batch(
         items, times, users, impressions, rules=rules, classify=classify
     )
@@ -178,7 +197,7 @@ def attribute_loose(
         count_outcomes(codes, outcomes)
     elif ok.size:
         outcomes[JoinOutcome.ATTRIBUTED] += int(ok.size)
-    return Attributed(rows[ok], positions[ok], grades[ok])
+    return Attributed(rows[ok], positions[ok], grades[ok]), ok
 
 
 class NamedInteractions(NamedTuple):
@@ -231,15 +250,16 @@ def _named(
 
 def _loose(
     requests: list[OpenRequest], loose: LooseJoin, rules: JoinRules, outcomes: Counter[str]
-) -> Attributed:
-    """Request-less interactions whose user-based join picks one of ``requests``."""
+) -> tuple[Attributed, I64]:
+    """Request-less interactions whose user-based join picks one of ``requests``, and
+    their indexes in ``loose.interactions``."""
     row_of = {r.request_id: row for row, r in enumerate(requests)}
     impression_row = np.fromiter(
         map(row_of.get, loose.impression_ids, repeat(-1)),
         dtype=np.int64,
         count=len(loose.impression_ids),
     )
-    return attribute_loose(
+    return join_loose(
         loose.impressions, impression_row, loose.interactions, rules, outcomes, classify=False
     )
 
@@ -292,8 +312,10 @@ def finalise(
         (r.timestamp_ms for r in requests), dtype=np.int64, count=len(requests)
     )
     parts = [_named(requests, impression_ms, rules, outcomes)]
+    taken = np.zeros(0, np.int64)
     if loose is not None:
-        parts.append(_loose(requests, loose, rules, outcomes))
+        loose_part, taken = _loose(requests, loose, rules, outcomes)
+        parts.append(loose_part)
     attributed = Attributed.join(parts)
     scores = score_sparse(len(requests), *attributed, config.scoring)
     user_ids = [r.user_id for r in requests]
@@ -325,6 +347,7 @@ def finalise(
         if config.propensity_positions
         else [],
         config.propensity_positions,
+        loose_taken=taken,
     )
 
 

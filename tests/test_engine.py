@@ -543,3 +543,51 @@ def test_open_requests_share_equal_item_ids_and_attribute_values() -> None:
     bounded = SharedStrings(limit=2)
     assert bounded(["a", "b"]) == ("a", "b") and len(bounded) == 2
     assert bounded(["c"]) == ("c",) and len(bounded) == 1  # started afresh at the bound
+
+
+def test_a_request_less_interaction_counts_once_even_for_a_late_impression() -> None:
+    """A click without a request id is attributed to one request only. An impression
+    arriving after its deadline (late) is still finalised, but cannot take a click an
+    earlier request already took: engaged once in all, one attribution. The same
+    after a new owner rebuilds the state from the changelog."""
+    settings = load_settings(environ={})
+    config = engine_config(settings)
+    minute, t = 60_000, 1_000_000_000_000
+
+    def imp(rid: str, ts: int, items: list[str]) -> tuple[str, dict[str, Any]]:
+        return "impressions", {
+            "event_id": "e" + rid,
+            "request_id": rid,
+            "user_id": "u",
+            "variant": "a",
+            "timestamp": ts,
+            "items": items,
+        }
+
+    def click(eid: str, ts: int, item: str, user: str = "u") -> tuple[str, dict[str, Any]]:
+        event = {"event_id": eid, "user_id": user, "item_id": item, "type": "click"}
+        return "interactions", {**event, "timestamp": ts}
+
+    engine = PartitionEngine(0, config)
+    changelog: dict[str, bytes] = {}
+    done: list[Finalised] = []
+    for chunk in (
+        [imp("A", t, ["x", "y"]), click("L", t + 10 * minute, "x")],
+        # both inputs move the watermark past A's deadline (another user's click)
+        [imp("Z", t + 40 * minute, ["q"]), click("V1", t + 40 * minute, "q", "v")],
+        [imp("B", t + 5 * minute, ["x"])],  # 35 minutes late, showing the clicked item
+        [imp("Y", t + 80 * minute, ["q"]), click("V2", t + 80 * minute, "q", "v")],
+    ):
+        step(engine, chunk, settings)
+        done += engine.finalise_due()
+        apply_changes(changelog, engine.take()[0])
+        restored = restore_state(changelog.items(), config.finalise.deadline, config.history_cap)
+        assert_same_state(restored, engine.state)
+    engaged = {
+        r.request_id: float(row[1]) for d in done for r, row in zip(d.requests, d.rows, strict=True)
+    }
+    assert engaged == {"A": 1.0, "Z": 0.0, "B": 0.0}
+    assert sum(d.outcomes["attributed"] for d in done) == 1
+    assert "l:L" not in changelog and "x:L" in changelog  # a redelivery is a duplicate
+    step(engine, [click("L", t + 10 * minute, "x")], settings)
+    assert engine.counts.duplicates == 1

@@ -282,7 +282,7 @@ class PartitionEngine:
                 due.append(state.requests[rid])
         out: list[Finalised] = []
         if due:
-            joined, history = self._contexts(due)
+            joined, history, loose_of = self._contexts(due)
             groups = configure(due) if configure else [(self.config.finalise, due)]
             for config, group in groups:
                 loaded = [self._with_named(r) for r in group]
@@ -293,6 +293,8 @@ class PartitionEngine:
             for done in out:
                 state.finish(done.requests, done.deadline_ms.tolist())
                 self.counts.finalised += len(done.requests)
+                for i in done.loose_taken.tolist():
+                    state.take_loose(*loose_of[i])
         state.finalised_through(watermark)
         # markers and histories live for a TTL of the data's own time: an idle partition's
         # watermark follows the wall clock, which must not expire a backfill's markers
@@ -337,10 +339,13 @@ class PartitionEngine:
         request.interactions = list(waiting.values()) if waiting else []
         return request
 
-    def _contexts(self, due: list[OpenRequest]) -> tuple[LooseJoin | None, History]:
+    def _contexts(
+        self, due: list[OpenRequest]
+    ) -> tuple[LooseJoin | None, History, list[tuple[str, PendingInteraction]]]:
         """The due requests' users as finalisation sees them: for those with loose
         interactions, their open impressions and those interactions (columns for the
-        user-based join); for all, their cold-start histories."""
+        user-based join, and each interaction's user id); for all, their cold-start
+        histories."""
         state = self.state
         codes = {uid: code for code, uid in enumerate(dict.fromkeys([r.user_id for r in due]))}
         history_user: list[int] = []
@@ -350,7 +355,8 @@ class PartitionEngine:
         imp_ids: list[str] = []
         loose: list[PendingInteraction] = []
         loose_user: list[int] = []
-        for code, user in enumerate(map(state.users.get, codes)):
+        loose_of: list[tuple[str, PendingInteraction]] = []
+        for code, (uid, user) in enumerate(zip(codes, map(state.users.get, codes), strict=True)):
             if user is None:
                 continue
             if user.history:
@@ -363,11 +369,12 @@ class PartitionEngine:
                 waiting = sorted(user.loose.values())
                 loose += waiting
                 loose_user += [code] * len(waiting)
+                loose_of += [(uid, it) for it in waiting]
         history = History(
             codes, np.array(history_user, dtype=np.int64), np.array(history_ms, dtype=np.int64)
         )
         if not loose:
-            return None, history
+            return None, history, loose_of
         users, times = np.array(imp_user, dtype=np.int64), np.array(imp_ms, dtype=np.int64)
         order = user_order(users, times, imp_ids).tolist()
         ids = [imp_ids[i] for i in order]
@@ -381,7 +388,7 @@ class PartitionEngine:
             np.fromiter((it.timestamp_ms for it in loose), dtype=np.int64, count=len(loose)),
             np.fromiter((it.grade for it in loose), dtype=np.float64, count=len(loose)),
         )
-        return LooseJoin(impressions, ids, interactions), history
+        return LooseJoin(impressions, ids, interactions), history, loose_of
 
     def _sweep_history(self, watermark: int) -> None:
         """Expire cold-start histories past their TTL, once per TTL/10 of event time."""

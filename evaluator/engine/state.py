@@ -285,12 +285,20 @@ class PartitionState:
                 self.delete("i:" + key)
         else:
             uid, eid = key.split("\x1f", 1)
-            user = self.users.get(uid)
-            if user is not None and eid in user.loose:
-                del user.loose[eid]
-                self.delete("l:" + eid)
-                self.mark_seen(eid, t)
-                self._drop_if_empty(uid, user)
+            self._forget_loose(uid, eid, t)
+
+    def take_loose(self, user_id: str, it: PendingInteraction) -> None:
+        """A request-less interaction attributed to a finalised request: it joins no
+        other (remembered as seen, so a redelivery is a duplicate)."""
+        self._forget_loose(user_id, it.event_id, it.timestamp_ms)
+
+    def _forget_loose(self, user_id: str, event_id: str, t: int) -> None:
+        user = self.users.get(user_id)
+        if user is not None and event_id in user.loose:
+            del user.loose[event_id]
+            self.delete("l:" + event_id)
+            self.mark_seen(event_id, t)
+            self._drop_if_empty(user_id, user)
 
     def drop_history_before(self, before_ms: int) -> None:
         """Forget histories whose newest entry is older than ``before_ms`` (users with
