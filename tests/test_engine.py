@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -68,11 +69,13 @@ def run_engine(
     now_ms: int = NOW_MS,
     changelog: dict[str, bytes] | None = None,
     config: EngineConfig | None = None,
+    owners: Sequence[EngineConfig] = (),
 ) -> tuple[PartitionEngine, list[Finalised]]:
     """Feed a stream in batches; the changelog is taken every ``take_every`` batches (a
     checkpoint), and with ``restore_every`` the engine is rebuilt from the accumulated
     changelog at every that many checkpoints (as a new owner would), after checking that
-    the rebuilt state equals the engine's own."""
+    the rebuilt state equals the engine's own. ``owners``: the new owners' settings in
+    turn (an operator changing them between restarts); without, ``config`` throughout."""
     config = config or engine_config(settings)
     engine = PartitionEngine(0, config)
     changelog = {} if changelog is None else changelog
@@ -87,8 +90,11 @@ def run_engine(
         apply_changes(changelog, engine.take()[0])
         checkpoints += 1
         if restore_every and checkpoints % restore_every == 0:
+            if owners:
+                config = owners[checkpoints // restore_every % len(owners)]
             state = restore_state(changelog.items(), config.finalise.deadline, config.history_cap)
-            assert_same_state(state, engine.state)
+            if not owners:
+                assert_same_state(state, engine.state)
             engine = PartitionEngine(0, config, state, engine.watermark_ms, engine.input_times())
     for now in (now_ms, now_ms + config.idle_timeout_ms):
         for name in ("impressions", "interactions"):
@@ -187,6 +193,70 @@ def test_markers_expire_alike_in_memory_and_restored(seed: int, restore_every: i
     held = {rid for rids in state.markers.members.values() for rid in rids}
     assert lingering <= held
     assert state.markers.members.keys() == {k for k in changelog if k[0] == "g"}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_changing_the_deadline_settings_between_owners_loses_and_doubles_no_request(
+    seed: int,
+) -> None:
+    """New owners with a shorter, then a longer, allowed lateness and attribution window
+    than the state was written with: every request is still finalised exactly once
+    (a new owner judges which stored requests are final under the settings the
+    finalisation ran with, ``d:``)."""
+    settings = load_settings(environ={})
+    base = engine_config(settings)
+    owners = [
+        dataclasses.replace(
+            base,
+            finalise=dataclasses.replace(
+                base.finalise,
+                allowed_lateness_ms=lateness,
+                rules=dataclasses.replace(base.finalise.rules, attribution_window_ms=window),
+            ),
+        )
+        for lateness, window in ((0, 60_000), (5 * 60_000, 45 * 60_000), (60_000, 60_000))
+    ]
+    events = generate(seed, requests=400, users=30)
+    _, done = run_engine(events, settings, seed, restore_every=1, owners=owners)
+    finalised = [r.request_id for d in done for r in d.requests]
+    assert sorted(finalised) == sorted({e["request_id"] for e in events.impressions})
+
+
+def test_a_request_opened_before_a_new_owner_finalises_survives_the_next_owner() -> None:
+    """A new owner with a longer allowed lateness opens a request that the stored
+    finalisation (``w:``, under the old settings ``d:``) would judge final, and is
+    replaced before it finalises anything: the request is stored so that the next
+    owner still opens it."""
+    settings = load_settings(environ={})
+    old = engine_config(settings)
+    new = dataclasses.replace(
+        old, finalise=dataclasses.replace(old.finalise, allowed_lateness_ms=10 * 60_000)
+    )
+    t, changelog = 1_000_000_000_000, {}
+
+    def imp(rid: str, ts: int) -> tuple[str, dict[str, Any]]:
+        event = {"event_id": "e" + rid, "request_id": rid, "user_id": "u", "variant": "a"}
+        return "impressions", {**event, "timestamp": ts, "items": ["x"]}
+
+    def owner(config: EngineConfig, engine: PartitionEngine | None) -> PartitionEngine:
+        if engine is None:
+            return PartitionEngine(0, config)
+        state = restore_state(changelog.items(), config.finalise.deadline, config.history_cap)
+        return PartitionEngine(0, config, state, engine.watermark_ms, engine.input_times())
+
+    engine = owner(old, None)
+    engine.inputs["interactions"].max_event_ms = t + 10**9  # only impressions hold it
+    step(engine, [imp("A", t), imp("Z", t + 40 * 60_000)], settings)
+    assert [r.request_id for d in engine.finalise_due() for r in d.requests] == ["A"]
+    apply_changes(changelog, engine.take()[0])
+    late = t + 40 * 60_000 - old.finalise.deadline(0) - 60_000  # final under old, open under new
+    assert old.finalise.deadline(late) <= engine.state.finalised_ms < new.finalise.deadline(late)
+    engine = owner(new, engine)
+    step(engine, [imp("R", late)], settings)  # the watermark stays: nothing is finalised
+    assert engine.finalise_due() == []
+    apply_changes(changelog, engine.take()[0])
+    engine = owner(new, engine)
+    assert sorted(engine.state.requests) == ["R", "Z"]
 
 
 def test_an_expired_marker_still_in_memory_counts_for_nothing() -> None:

@@ -34,7 +34,7 @@ def restore_state(
     waiting: list[tuple[str, list[list[Any]]]] = []
     for name, raw in fields:
         kind, key = name[0], name[2:]
-        if kind in "srwgm":
+        if kind in "srwdgm":
             _load_segmented(
                 state, kind, name, _decode(raw), deadline=deadline, rows=rows, markers=markers
             )
@@ -105,6 +105,8 @@ def _load_segmented(
         markers.append((name, value))
     elif kind == "w":
         state.finalised_ms = value
+    elif kind == "d":
+        state.judged_delay_ms = value
     else:  # "m"
         state.markers.before_ms = value
 
@@ -132,8 +134,11 @@ def _rewait(
 
 def _reopen(state: PartitionState, rows: list[list[Any]], deadline: Any) -> None:
     """The open requests among stored rows: a segment's row is final once the
-    finalisation has passed its deadline, an ``r:`` field's once it is marked final."""
+    finalisation has passed its deadline under the settings it ran with (``d:``), an
+    ``r:`` field's once it is marked final. Open ones get their deadline under the
+    current settings."""
     through = state.finalised_ms
+    judged = state.delay_ms if state.judged_delay_ms is None else state.judged_delay_ms
     for row in rows:
         rid, ts = row[0], row[3]
         d = deadline(ts)
@@ -142,7 +147,7 @@ def _reopen(state: PartitionState, rows: list[list[Any]], deadline: Any) -> None
                 state.legacy.discard(rid)
                 state.changes["r:" + rid] = None
                 continue
-        elif (through is not None and d <= through) or rid in state.markers.final:
+        elif (through is not None and ts + judged <= through) or rid in state.markers.final:
             continue
         state.requests[rid] = request_of(rid, row[1:])
         state.deadlines.append((d, rid))

@@ -101,6 +101,11 @@ class PartitionState:
     finalised_ms: int | None = None
     """Every request whose deadline is at or before this was finalised (the watermark
     of the latest finalisation; field ``w:``)."""
+    judged_delay_ms: int | None = None
+    """The delay under which :attr:`finalised_ms` was written (field ``d:``; None: a
+    state written before the field, judged with :attr:`delay_ms`). A new owner judges
+    a segment's row final by it, so a change of the deadline settings between owners
+    (``allowed_lateness``, the attribution window, the skew) loses no open request."""
     markers: Markers = field(init=False)
     """The finalised markers (they record their changes here)."""
 
@@ -247,6 +252,9 @@ class PartitionState:
             return
         self.finalised_ms = watermark_ms
         self.changes["w:"] = _encode(watermark_ms)
+        if self.judged_delay_ms != self.delay_ms:
+            self.judged_delay_ms = self.delay_ms
+            self.changes["d:"] = _encode(self.delay_ms)
         heap = self.segments
         while heap and heap[0][0] <= watermark_ms:
             self.changes[heapq.heappop(heap)[1]] = None
@@ -333,13 +341,14 @@ class PartitionState:
         finalisation, not yet finalised), one ``r:`` field each."""
         fresh = list(self.fresh.values())
         delay, through = self.delay_ms, self.finalised_ms
-        if through is not None:
-            behind = [r for r in fresh if r.timestamp_ms + delay <= through]
+        if through is not None:  # what a new owner would judge final by ``w:`` and ``d:``
+            judged = delay if self.judged_delay_ms is None else self.judged_delay_ms
+            behind = [r for r in fresh if r.timestamp_ms + judged <= through]
             if behind:
                 for r in behind:
                     out["r:" + r.request_id] = _encode(request_row(r)[1:])
                     self.legacy.add(r.request_id)
-                fresh = [r for r in fresh if r.timestamp_ms + delay > through]
+                fresh = [r for r in fresh if r.timestamp_ms + judged > through]
         for start in range(0, len(fresh), self.segment_rows):
             part = fresh[start : start + self.segment_rows]
             name = f"s:{self.next_segment}"
