@@ -253,20 +253,20 @@ class RedisStore:
         meta = self.tag(partition) + "pm"
         epoch = int(self.client.hincrby(meta, "epoch", 1))
         raw = {text(k): text(v) for k, v in self.client.hgetall(meta).items()}
-        fields: list[tuple[str, bytes]] = []
+        fields: dict[bytes, bytes] = {}  # HSCAN may return a field twice: once each here
         cursor = 0
         state = self.tag(partition) + "state"
         while True:
             cursor, chunk = cast(
                 "tuple[int, dict[bytes, bytes]]", self.client.hscan(state, cursor, count=STATE_SCAN)
             )
-            fields += [(text(k), v) for k, v in chunk.items()]
+            fields.update(chunk)
             if not int(cursor):
                 break
         return Checkpoint(
             epoch,
             int(raw.get("seq", 0)),
-            fields,
+            [(text(k), v) for k, v in fields.items()],
             {k[2:]: int(v) for k, v in raw.items() if k.startswith("o:")},
             {k[2:]: int(v) for k, v in raw.items() if k.startswith("t:")},
             int(raw["wm"]) if raw.get("wm") else None,
