@@ -82,6 +82,12 @@ class ForwardingBounds:
                 self._limit[p] = max(self._limit.get(p, NO_LIMIT), usable[-1])
         return {p: self._limit.get(p, NO_LIMIT) for p in owned}
 
+    def forget(self, partition: int) -> None:
+        """A partition (re)loaded: its new engine resumes behind its repartition input,
+        so the limit the earlier engine earned by consuming it does not hold; it is
+        earned again once the input is confirmed at its end."""
+        self._limit.pop(partition, None)
+
     def _read(self, now: int) -> None:
         """Read the partitions' marks: a new bound while forwarding may happen."""
         self._read_ms = now

@@ -111,7 +111,13 @@ class Tasks:
         one's stored offsets, where consumption must resume."""
         self._settle()
         resume: dict[int, dict[str, int]] = {}
-        for p in sorted(partitions):
+        claimed = set(partitions)
+        # dropped earlier (fenced or stale) and ours again now: not to be paused or
+        # reloaded on that account
+        self._fenced = [p for p in self._fenced if p not in claimed]
+        self._stale = [p for p in self._stale if p not in claimed]
+        for p in sorted(claimed):
+            self.bounds.forget(p)  # the new engine is behind its repartition input again
             started = time.perf_counter()
             with long_lived():
                 stored = self.store.claim(p)

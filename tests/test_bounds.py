@@ -45,3 +45,15 @@ def test_bounds_end_once_nothing_was_forwarded_for_the_span() -> None:
     marks[1] = Marks(2_000, over + 5)  # a partition forwards: bounded again
     now = over + MARKS_EVERY_MS
     assert bounds.limits([0], {"repartition:0": now}, now) == {0: 1_000}
+
+
+def test_a_reloaded_partition_earns_its_limit_again() -> None:
+    """A partition reloaded from its checkpoint resumes behind its repartition input:
+    the limit its earlier engine earned does not hold until the input is confirmed at
+    its end again."""
+    marks = {0: Marks(1_000, None), 1: Marks(2_000, None)}
+    bounds = ForwardingBounds(lambda: dict(marks), IDLE_MS)
+    assert bounds.limits([0], {"repartition:0": 0}, 0) == {0: 1_000}
+    bounds.forget(0)
+    assert bounds.limits([0], {}, 10) == {0: NO_LIMIT}  # behind its input: hold
+    assert bounds.limits([0], {"repartition:0": 20}, 20) == {0: 1_000}

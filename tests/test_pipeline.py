@@ -190,3 +190,35 @@ def test_offsets_committed_to_kafka_are_those_the_store_accepted(
     for p, owned in held.items():
         assert owned.durable == accepted[p][-1]
         assert len(accepted[p]) > 5  # several checkpoints, each checked
+
+
+@pytest.mark.parametrize("write_behind", [False, True])
+def test_a_partition_fenced_then_assigned_again_is_neither_paused_nor_reloaded(
+    make_store, write_behind: bool
+) -> None:
+    """A zombie's checkpoint is refused while the group takes the partition away; the
+    group then gives it back and this member claims it anew: ``apply`` must not report
+    it as fenced (``evaluator run`` would pause the partition it now owns, for good)."""
+    import json
+
+    from evaluator.batches import PartitionBatch
+
+    settings = load_settings(environ={}, overrides={"kafka": {"partitioner": "trust"}})
+    store = make_store(settings.layout(1))
+    tasks = Tasks(store, settings, 1, clock_ms=FakeClock(), write_behind=write_behind)
+    tasks.assign([0])
+
+    def impression(n: int) -> PartitionBatch:
+        event = {"event_id": f"e{n}", "request_id": f"r{n}", "user_id": "u", "variant": "v"}
+        payload = json.dumps({**event, "timestamp": 1_000 + n, "items": ["a", "b"]}).encode()
+        return PartitionBatch("impressions", "impressions:0", [payload], range(n, n + 1))
+
+    tasks.apply([impression(0)], {})
+    tasks.settle()
+    Tasks(store, settings, 1, clock_ms=FakeClock()).assign([0])  # a newer owner
+    tasks.clock_ms.now += 1_000  # type: ignore[attr-defined]: a checkpoint at this poll
+    tasks.apply([impression(1)], {})  # its checkpoint is refused (now, or when settled)
+    tasks.revoke([0])  # the group moved the partition away...
+    tasks.assign([0])  # ...and back to this member
+    assert list(tasks.owned) == [0]
+    assert tasks.apply([], {}) == ([], [])
