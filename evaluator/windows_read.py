@@ -18,10 +18,10 @@ def window_totals(
     frontier_ms: int,
     layout: AggregateLayout,
 ) -> dict[str, FloatArray]:
-    """Per variant, the sum of the buckets starting in ``(frontier - window, frontier]``.
+    """Per variant, the sum of the buckets that overlap ``(frontier - window, frontier]``.
 
-    Buckets are aligned, so the window is exact to one bucket width
-    (``window / buckets_per_window``).
+    Buckets are aligned, so the sum spans at least the window and at most one bucket
+    width (``window / buckets_per_window``) more: the oldest bucket is counted whole.
     """
     lo = frontier_ms - window_ms
     out: dict[str, FloatArray] = {}
@@ -45,6 +45,6 @@ def cap_variants(
         keep = ranked[:max_variants]
     out = {v: totals[v] for v in keep}
     rest = [totals[v] for v in totals if v not in out]
-    if rest:
-        out[OTHER] = np.sum(rest, axis=0)
+    if rest:  # a kept variant really named "other" takes the rest in with it
+        out[OTHER] = np.sum(rest, axis=0) + out.get(OTHER, 0.0)
     return out

@@ -17,7 +17,7 @@ from evaluator.exporters.pipeline_metrics import PipelineCollector
 from evaluator.exporters.prometheus import WindowCollector
 from evaluator.stores.memory import MemoryStore
 from evaluator.tasks import Tasks
-from evaluator.windows_read import OTHER, cap_variants
+from evaluator.windows_read import OTHER, cap_variants, window_totals
 from tests.eventgen import generate
 from tests.livecheck import SENTINEL_VARIANT, FakeClock, feed, sentinel
 
@@ -136,6 +136,23 @@ def test_variants_beyond_the_cap_fold_into_other() -> None:
     assert set(capped) == {"c", "b", OTHER}
     assert capped[OTHER][0, 0, 0] == 1.0
     assert set(cap_variants(totals, ["a"], 5)) == {"a", OTHER}
+    # a variant really named "other" keeps its own counts, with the rest added
+    totals[OTHER] = np.full((2, 4, 3), 10.0)
+    assert cap_variants(totals, [], 2)[OTHER][0, 0, 0] == 10.0 + 1.0 + 2.0
+
+
+def test_a_window_sums_the_buckets_that_overlap_it() -> None:
+    """At least the window, at most one bucket more: the bucket holding the window's
+    start counts whole, one ending at it does not, nor one after the frontier."""
+    layout = load_settings(environ={}).layout(1)
+    window = layout.windows_ms[0]
+    width = layout.bucket_width(window)
+    blocks = {(n * width, "a"): np.full(1, float(n)) for n in range(40)}
+    aligned = 30 * width  # buckets 18..30 overlap (aligned - window, aligned]
+    assert window == 12 * width
+    assert window_totals(blocks, window, aligned, layout)["a"][0] == sum(range(18, 31))
+    inside = aligned + width // 2  # buckets 18..30 again: 18 holds the window's start
+    assert window_totals(blocks, window, inside, layout)["a"][0] == sum(range(18, 31))
 
 
 def test_http_endpoints() -> None:
