@@ -125,7 +125,7 @@ def read_experiment(
 ) -> ExperimentReadout:
     """The readout of one experiment (see the module docstring); ``tracker`` keeps the
     running intersection per (experiment, variant, K, metric) across looks."""
-    control, others = experiment.arms(set(blocks) | set(users))
+    control, others = experiment.arms(set(blocks) | set(users) | experiment.expected())
     per = {v: b.sum(axis=0) for v, b in blocks.items()}  # (user bucket, row)
     denom = denominator_column(rules.zero_relevance)
     arms = [control, *others] if control else []

@@ -58,6 +58,13 @@ class Experiment:
             keep &= times_ms < self.end_ms
         return np.flatnonzero(keep)
 
+    def expected(self) -> set[str]:
+        """The variants the configuration says get traffic: the listed ones, those the
+        split gives a share, and the control. An arm that gets none is still an arm
+        (its count of 0 is what the sample-ratio test must see)."""
+        named = set(self.variants) | {v for v, share in self.split.items() if share > 0}
+        return named | {self.control} if self.control else named
+
     def arms(self, seen: Iterable[str]) -> tuple[str, list[str]]:
         """(control, the other variants) among the variants seen; the control is the
         configured one if seen, else the alphabetically first."""

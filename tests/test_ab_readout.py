@@ -87,6 +87,22 @@ def test_srm_false_flags_at_an_exact_split() -> None:
     assert np.mean(p < 0.05) == pytest.approx(0.05, abs=0.01)  # uniform under the null
 
 
+def test_srm_sees_a_configured_arm_that_gets_no_users() -> None:
+    """An arm the configuration names (variants, split or control) but traffic never
+    reaches is an arm with 0 users: a mismatch, not an arm left out of the test."""
+    rules = ReadoutRules((K,), COLUMNS)
+    two = Experiment("ab", frozenset({"A", "B"}), "A", {"A": 0.5, "B": 0.5})
+    readout = read_experiment(two, {}, {"A": 5_000}, rules, _Tracker())
+    assert readout.users == {"A": 5_000, "B": 0} and readout.srm_p_value < 1e-9
+    three = Experiment("abc", control="A", split={"A": 0.5, "B": 0.25, "C": 0.25})
+    # A:B at 2:1 as the split says, C starved: seen alone A and B would look fine
+    readout = read_experiment(three, {}, {"A": 10_000, "B": 5_000}, rules, _Tracker())
+    assert readout.users["C"] == 0 and readout.srm_p_value < 1e-9
+    # a variant nobody named and nobody saw is no arm: nothing to compare
+    unnamed = Experiment("default", control="A")
+    assert read_experiment(unnamed, {}, {"A": 5_000}, rules, _Tracker()).users == {"A": 5_000}
+
+
 def test_srm_detects_a_51_49_split() -> None:
     rng = np.random.default_rng(50_000)
     treated = rng.binomial(40_000, 0.49, 200)
