@@ -27,6 +27,9 @@ from evaluator.stores.redis import RedisStore, connect
 
 ROOT = Path(__file__).resolve().parents[1]
 
+INPUT_MESSAGE_BYTES = 2_000_000
+"""The largest message the test input topics take (the broker's default is 1 MB)."""
+
 
 @dataclass
 class LiveEnv:
@@ -66,16 +69,28 @@ class LiveEnv:
 
     def create_topics(self) -> None:
         admin = KafkaAdminClient(bootstrap_servers=self.bootstrap)
+        # the inputs take messages up to 2 MB (a dead letter must still fit the defaults)
+        big = {"max.message.bytes": str(INPUT_MESSAGE_BYTES)}
         admin.create_topics(
             [
-                NewTopic(f"{self.name}-{kind}", self.partitions, 1)
-                for kind in ("impressions", "interactions", "impressions.dlq", "interactions.dlq")
+                NewTopic(f"{self.name}-{kind}", self.partitions, 1, topic_configs=config)
+                for kind, config in (
+                    ("impressions", big),
+                    ("interactions", big),
+                    ("impressions.dlq", {}),
+                    ("interactions.dlq", {}),
+                )
             ]
         )
         admin.close()
 
     def produce(self, kind: str, payloads: Iterable[tuple[str, bytes]]) -> None:
-        producer = KafkaProducer(bootstrap_servers=self.bootstrap, acks="all", linger_ms=5)
+        producer = KafkaProducer(
+            bootstrap_servers=self.bootstrap,
+            acks="all",
+            linger_ms=5,
+            max_request_size=INPUT_MESSAGE_BYTES,
+        )
         for key, value in payloads:
             producer.send(f"{self.name}-{kind}", key=key.encode(), value=value)
         producer.flush()

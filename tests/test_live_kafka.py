@@ -34,8 +34,13 @@ from tests.livecheck import SENTINEL_VARIANT, compare_with_replay
 
 pytestmark = pytest.mark.services
 
+HUGE = b"{" + b"x" * 1_200_000
+"""Undecodable, and larger than a producer or broker takes by default: its dead
+letter is cut to fit (else every send fails and the partition stalls)."""
+
 BAD_IMPRESSIONS = [
     b"{not json",
+    HUGE,
     b'{"event_id": "x1", "items": []}',
     json.dumps(
         {
@@ -177,9 +182,18 @@ def test_live_run_equals_replay_and_dead_letters_bad_events(
     letters = dead_letters(env)
     reasons = sorted(h["reason"].decode() for _, h in letters)
     assert reasons == sorted(
-        ["undecodable", "missing_field", "duplicate_item", "unknown_interaction_type"]
+        [
+            "undecodable",
+            "undecodable",
+            "missing_field",
+            "duplicate_item",
+            "unknown_interaction_type",
+        ]
     )
     assert all(h["source"].startswith(f"{env.name}-".encode()) for _, h in letters)
+    assert [h["truncated_from"] for _, h in letters if "truncated_from" in h] == [
+        str(len(HUGE)).encode()
+    ]
 
 
 def test_two_instances_give_the_same_aggregates(kafka_bootstrap, redis_url, tmp_path) -> None:

@@ -313,17 +313,8 @@ class KafkaSource:
         sent = []
         for bad in rejected:
             topic = self._topic(bad.kind)
-            sent.append(
-                producer.send(
-                    topic + self.settings.dlq_suffix,
-                    value=bad.payload,
-                    headers=[
-                        ("reason", bad.event.reason.value.encode()),
-                        ("detail", bad.event.detail.encode()[:1000]),
-                        ("source", f"{topic}/{bad.partition.split(':')[1]}@{bad.offset}".encode()),
-                    ],
-                )
-            )
+            value, headers = dead_letter_record(bad, topic)
+            sent.append(producer.send(topic + self.settings.dlq_suffix, value, headers=headers))
         _acknowledged(producer, sent)
 
     def _ensure_producer(self) -> KafkaProducer:
@@ -380,6 +371,24 @@ class KafkaSource:
 
 
 SEND_TIMEOUT_S = 30.0
+
+DEAD_LETTER_BYTES = 900_000
+"""Payload bytes a dead letter keeps: with its headers it stays under the producer's
+and the broker's default 1 MiB (an input topic may allow larger messages). A larger
+one would fail to send on every retry and stall its partition."""
+
+
+def dead_letter_record(bad: Rejected, topic: str) -> tuple[bytes, list[tuple[str, bytes]]]:
+    """The value and headers of ``bad``'s dead letter: the reason, the detail, where it
+    came from, and (when its payload was cut to :data:`DEAD_LETTER_BYTES`) its size."""
+    headers = [
+        ("reason", bad.event.reason.value.encode()),
+        ("detail", bad.event.detail.encode()[:1000]),
+        ("source", f"{topic}/{bad.partition.split(':')[1]}@{bad.offset}".encode()),
+    ]
+    if len(bad.payload) > DEAD_LETTER_BYTES:
+        headers.append(("truncated_from", str(len(bad.payload)).encode()))
+    return bad.payload[:DEAD_LETTER_BYTES], headers
 
 
 def _acknowledged(producer: KafkaProducer, sent: list[Any]) -> None:
