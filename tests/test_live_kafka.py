@@ -280,3 +280,26 @@ def test_demo_through_kafka_and_redis(kafka_bootstrap, redis_url, tmp_path) -> N
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0
+
+
+def test_missing_dead_letter_topics_are_created_at_start(kafka_bootstrap, redis_url) -> None:
+    """A broker that does not create topics on first use would make the first dead
+    letter wait, fail and stall its partition: the topics are created at start-up,
+    with the inputs' partition count."""
+    import msgspec
+    from kafka.admin import KafkaAdminClient
+
+    from evaluator.sources.kafka import KafkaSource
+
+    env = new_env(kafka_bootstrap, redis_url)
+    kafka = msgspec.structs.replace(env.settings().kafka, dlq_suffix=".dead")
+    source = KafkaSource(kafka, 100)
+    try:
+        assert source.partition_count() == env.partitions
+    finally:
+        source.close()
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    topics = [f"{env.name}-impressions.dead", f"{env.name}-interactions.dead"]
+    described = {t["name"]: len(t["partitions"]) for t in admin.describe_topics(topics)}
+    admin.close()
+    assert described == dict.fromkeys(topics, env.partitions)

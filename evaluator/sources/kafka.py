@@ -17,7 +17,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from kafka.coordinator.assignors.range import RangePartitionAssignor
-from kafka.errors import TopicAlreadyExistsError
+from kafka.errors import KafkaError, TopicAlreadyExistsError
 from kafka.structs import OffsetAndMetadata
 
 from evaluator.batches import Kind, PartitionBatch, Rejected
@@ -159,37 +159,48 @@ class KafkaSource:
             )
         n = next(iter(counts.values()))
         if "repartition" in self.kinds.values():
-            self._ensure_repartition_topic(n)
+            topic = self.settings.repartition()
+            found = self._ensure_topic(topic, n, "kafka.repartition_topic")
+            if found != n:
+                raise ConfigError(
+                    f"kafka.repartition_topic {topic!r} has {found} partitions; the input "
+                    f"topics have {n}: delete it or name another"
+                )
+        if self.settings.dlq_suffix:  # else the first dead letter would wait, then fail
+            for topic in inputs:
+                self._ensure_topic(
+                    topic + self.settings.dlq_suffix, n, 'kafka.dlq_suffix (or set it to "")'
+                )
         return n
 
-    def _ensure_repartition_topic(self, partitions: int) -> None:
-        """Create the repartition topic with the inputs' partition count (and the
-        impressions topic's replication) when missing; refuse one of another count."""
-        topic = self.settings.repartition()
+    def _ensure_topic(self, topic: str, partitions: int, key: str) -> int:
+        """Create ``topic`` with ``partitions`` (and the impressions topic's replication)
+        when missing; its partition count. A ConfigError naming ``key`` when it can be
+        neither found nor created (no permission, say)."""
         found = self.consumer.partitions_for_topic(topic)
-        if not found:
-            admin = KafkaAdminClient(
-                bootstrap_servers=self.settings.bootstrap_servers.split(","),
-                client_id=self.settings.client_id + "-admin",
-                **_security(self.settings),
-            )
-            try:
-                described = admin.describe_topics([self.settings.impressions_topic])
-                first = described[0]["partitions"][0] if described else {}
-                replicas = len(first.get("replica_nodes") or [1])
-                admin.create_topics([NewTopic(topic, partitions, replicas)])
-                log.info("created the repartition topic %s (%d partitions)", topic, partitions)
-            except TopicAlreadyExistsError:
-                pass
-            finally:
-                admin.close()
-            self._await_metadata([topic], 30.0)
-            found = self.consumer.partitions_for_topic(topic)
-        if found and len(found) != partitions:
+        if found:
+            return len(found)
+        admin = KafkaAdminClient(
+            bootstrap_servers=self.settings.bootstrap_servers.split(","),
+            client_id=self.settings.client_id + "-admin",
+            **_security(self.settings),
+        )
+        try:
+            described = admin.describe_topics([self.settings.impressions_topic])
+            first = described[0]["partitions"][0] if described else {}
+            replicas = len(first.get("replica_nodes") or [1])
+            admin.create_topics([NewTopic(topic, partitions, replicas)])
+            log.info("created topic %s (%d partitions)", topic, partitions)
+        except TopicAlreadyExistsError:
+            pass
+        except KafkaError as exc:
             raise ConfigError(
-                f"kafka.repartition_topic {topic!r} has {len(found)} partitions; the input "
-                f"topics have {partitions}: delete it or name another"
-            )
+                f"{key}: topic {topic!r} is missing and could not be created ({exc}); create it"
+            ) from exc
+        finally:
+            admin.close()
+        self._await_metadata([topic], 30.0)
+        return len(self.consumer.partitions_for_topic(topic) or ()) or partitions
 
     def forward(self, forwarded: Sequence[Forwarded]) -> None:
         """Send events to their user's partition of the repartition topic, durably
