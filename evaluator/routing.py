@@ -123,10 +123,10 @@ def _rejected(
 ) -> list[Rejected]:
     out = []
     for invalid in bad:
-        at = items[invalid.index][0]
+        at, payload = items[invalid.index]  # from the repartition topic: without its tag
         origin = batch.kind if batch.kind != "repartition" else kind
         out.append(
-            Rejected(origin, batch.partition, batch.offset(at), batch.payloads[at], invalid)  # type: ignore[arg-type]
+            Rejected(origin, batch.partition, batch.offset(at), payload, invalid)  # type: ignore[arg-type]
         )
     return out
 

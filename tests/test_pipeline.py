@@ -75,12 +75,16 @@ def test_an_untagged_repartition_payload_is_counted_not_dropped() -> None:
 
     settings = load_settings(environ={})
     decoder = Decoder(PartitionOf("murmur2", 3), settings.relevance.active())
-    batch = PartitionBatch("repartition", "repartition:1", [b"?{}", b"X{oops"], [7, 8])
+    tagged = b"I" + b"{oops"  # an impression tag on an undecodable payload
+    batch = PartitionBatch("repartition", "repartition:1", [b"?{}", tagged], [7, 8])
     routed = decoder.route(batch, 0, 1)
     assert [(r.offset, r.event.reason.value) for r in routed.rejected] == [
         (7, "undecodable"),
         (8, "undecodable"),
     ]
+    # dead-lettered as read from the repartition topic, a tagged one without its tag
+    assert {r.partition for r in routed.rejected} == {"repartition:1"}
+    assert [r.payload for r in routed.rejected] == [b"?{}", b"{oops"]
 
 
 @pytest.mark.parametrize("write_behind", [False, True])

@@ -324,7 +324,8 @@ class KafkaSource:
         sent = []
         for bad in rejected:
             topic = self._topic(bad.kind)
-            value, headers = dead_letter_record(bad, topic)
+            read_from = self._topic(bad.partition.split(":")[0])  # type: ignore[arg-type]
+            value, headers = dead_letter_record(bad, read_from)
             sent.append(producer.send(topic + self.settings.dlq_suffix, value, headers=headers))
         _acknowledged(producer, sent)
 
@@ -391,7 +392,8 @@ one would fail to send on every retry and stall its partition."""
 
 def dead_letter_record(bad: Rejected, topic: str) -> tuple[bytes, list[tuple[str, bytes]]]:
     """The value and headers of ``bad``'s dead letter: the reason, the detail, where it
-    came from, and (when its payload was cut to :data:`DEAD_LETTER_BYTES`) its size."""
+    was read (``topic``: an input or the repartition topic, with partition and offset),
+    and (when its payload was cut to :data:`DEAD_LETTER_BYTES`) its size."""
     headers = [
         ("reason", bad.event.reason.value.encode()),
         ("detail", bad.event.detail.encode()[:1000]),
