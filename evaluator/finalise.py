@@ -160,29 +160,15 @@ def attribute_loose(
     outcomes: Counter[str],
     *,
     classify: bool,
-) -> Attributed:
+) -> tuple[Attributed, I64]:
     """Request-less interactions, each joined to its user's latest impression holding
-    the item (one batch). ``impression_row``: each impression's request row, -1 for an
-    impression that is not being finalised (its attributions are left to it).
+    the item (one batch); also the indexes of the interactions attributed.
+    ``impression_row``: each impression's request row, -1 for an impression that is
+    not being finalised (its attributions are left to it).
 
     ``classify=True`` counts every outcome (replay: every impression is being
     finalised); False counts attributions only (live: an interaction not attributed
     now may still join a later request)."""
-    return join_loose(
-        impressions, impression_row, interactions, rules, outcomes, classify=classify
-    )[0]
-
-
-def join_loose(
-    impressions: UserImpressions,
-    impression_row: I64,
-    interactions: LooseInteractions,
-    rules: JoinRules,
-    outcomes: Counter[str],
-    *,
-    classify: bool,
-) -> tuple[Attributed, I64]:
-    """:func:`attribute_loose`, and the indexes of the interactions it attributed."""
     users, items, times, grades = interactions
     if not items:
         return Attributed.join([]), np.zeros(0, np.int64)
@@ -259,7 +245,7 @@ def _loose(
         dtype=np.int64,
         count=len(loose.impression_ids),
     )
-    return join_loose(
+    return attribute_loose(
         loose.impressions, impression_row, loose.interactions, rules, outcomes, classify=False
     )
 

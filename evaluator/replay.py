@@ -163,7 +163,7 @@ def _join_loose(
         rules,
         outcomes,
         classify=True,
-    )
+    )[0]
 
 
 def _first_seen_codes(values: list[str], index: dict[str, int]) -> I64:
