@@ -303,3 +303,42 @@ def test_missing_dead_letter_topics_are_created_at_start(kafka_bootstrap, redis_
     described = {t["name"]: len(t["partitions"]) for t in admin.describe_topics(topics)}
     admin.close()
     assert described == dict.fromkeys(topics, env.partitions)
+
+
+def test_with_latest_a_reload_reads_again_what_no_checkpoint_covers(
+    kafka_bootstrap, redis_url
+) -> None:
+    """``auto_offset_reset = "latest"``: a partition whose first batch failed has no
+    stored offsets; its reload must go back to where this member started, not stay
+    past the batch (whose events would then be applied by nobody)."""
+    import time
+
+    import msgspec
+
+    from evaluator.sources.kafka import KafkaSource
+
+    env = new_env(kafka_bootstrap, redis_url, partitions=1)
+    kafka = msgspec.structs.replace(
+        env.settings().kafka, auto_offset_reset="latest", partitioner="trust"
+    )
+    source = KafkaSource(kafka, 100, on_claim=lambda numbers: {n: {} for n in numbers})
+    try:
+        source.subscribe()
+        deadline = time.monotonic() + 30
+        while not source.assigned_numbers() and time.monotonic() < deadline:
+            source.poll()
+        assert source.assigned_numbers() == {0}
+        env.produce("impressions", [("u", b"one"), ("u", b"two")])
+
+        def read() -> list[bytes]:
+            got: list[bytes] = []
+            until = time.monotonic() + 30
+            while len(got) < 2 and time.monotonic() < until:
+                got += [p for b in source.poll() for p in b.payloads]
+            return got
+
+        assert read() == [b"one", b"two"]
+        source.seek({0: {}})  # the batch failed: reload with nothing checkpointed
+        assert read() == [b"one", b"two"]
+    finally:
+        source.close()

@@ -129,6 +129,10 @@ class KafkaSource:
         self._await_metadata([settings.impressions_topic, settings.interactions_topic], 30.0)
         self._producer: KafkaProducer | None = None
         self._offsets: KafkaConsumer | None = None
+        self._origin: dict[TopicPartition, int] = {}
+        """With ``latest``: where this member started an input never checkpointed."""
+        self._unplaced: set[TopicPartition] = set()
+        """Such inputs whose starting position is still to be found."""
 
     def _await_metadata(self, topics: list[str], timeout_s: float) -> None:
         """Wait until the broker knows the topics.
@@ -217,7 +221,8 @@ class KafkaSource:
         """Move each (partition number, kind) to its checkpointed offset. An input never
         checkpointed for that partition starts from its beginning with
         ``auto_offset_reset = "earliest"`` (nothing of it was applied: after a failed
-        first batch too), and stays where the group left it with ``latest``."""
+        first batch too); with ``latest`` it starts where the group left it, and a
+        reload goes back there (the position first taken here), not past a failed batch."""
         for number, offsets in resume.items():
             for topic, kind in self.kinds.items():
                 tp = TopicPartition(topic, number)
@@ -227,6 +232,10 @@ class KafkaSource:
                     self.consumer.seek(tp, offsets[kind])
                 elif self.settings.auto_offset_reset == "earliest":
                     self.consumer.seek_to_beginning(tp)
+                elif tp in self._origin:
+                    self.consumer.seek(tp, self._origin[tp])
+                else:  # found at the next poll (no blocking call in a rebalance callback)
+                    self._unplaced.add(tp)
 
     def assigned_numbers(self) -> set[int]:
         """Partition numbers currently assigned to this member."""
@@ -295,6 +304,11 @@ class KafkaSource:
 
     def poll(self) -> list[PartitionBatch]:
         """One poll: at most ``max_poll_records`` messages, grouped by partition."""
+        if self._unplaced:
+            for tp in self._unplaced & self.consumer.assignment():
+                if (at := self.consumer.position(tp)) is not None:
+                    self._origin[tp] = at
+            self._unplaced.clear()
         records = self.consumer.poll(
             timeout_ms=self.poll_timeout_ms, max_records=self.settings.max_poll_records
         )
