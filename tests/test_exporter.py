@@ -330,6 +330,24 @@ def test_experiments_have_their_own_control_and_srm() -> None:
     assert {s.labels["experiment"] for s in found["recsys_eval_srm_p_value"]} == {"e1", "e2"}
 
 
+def test_an_arm_without_traffic_shows_in_the_exported_srm() -> None:
+    """An experiment whose configured arm D gets no traffic at all: as scraped, D is
+    an arm with 0 users and the sample-ratio p-value flags the experiment."""
+    settings = load_settings(
+        environ={},
+        overrides={"ab": {"experiments": {"starved": {"control": "A", "variants": ["A", "D"]}}}},
+    )
+    events = generate(47, requests=400)
+    assert "D" not in {e["variant"] for e in events.impressions}
+    _, _, collector = live_run(events, settings, seed=47)
+    registry = CollectorRegistry()
+    registry.register(collector)
+    found = samples(registry)
+    assert pick(found, "recsys_eval_ab_users", experiment="starved", variant="D") == 0
+    assert pick(found, "recsys_eval_ab_users", experiment="starved", variant="A") > 20
+    assert pick(found, "recsys_eval_srm_p_value", experiment="starved") < 1e-6
+
+
 def test_open_and_due_request_gauges(scraped) -> None:
     """Everything the watermark passed is finalised; only the sentinel, an hour after
     the rest, is still open and not yet due."""
