@@ -342,3 +342,59 @@ def test_with_latest_a_reload_reads_again_what_no_checkpoint_covers(
         assert read() == [b"one", b"two"]
     finally:
         source.close()
+
+
+def test_a_valid_event_larger_than_the_defaults_is_forwarded(
+    kafka_bootstrap, redis_url, tmp_path
+) -> None:
+    """An impression of 1.2 MB (valid: a long attribute the evaluator does not use) on
+    the wrong partition for its user is forwarded like any other: the repartition topic
+    is created to take what the input topics take. Before, its forward failed on every
+    retry (over the producer's and the broker's 1 MiB) and its partition stalled."""
+    from kafka import KafkaProducer
+
+    from evaluator.partitioner import murmur2_partitions
+
+    env = new_env(kafka_bootstrap, redis_url)
+    events, late = dataset(37, env.settings(), requests=120, users=12)
+    big = events.impressions[0]
+    big["item_attributes"] = {
+        **(big.get("item_attributes") or {}),
+        "blurb": ["x" * (1_200_000 // len(big["items"]))] * len(big["items"]),
+    }
+    payload = json.dumps(big).encode()
+    assert len(payload) > 1_200_000
+    events.impressions.remove(big)
+    produce_events(env, events, 37, invalid=False)
+    events.impressions.append(big)
+    (home,) = murmur2_partitions([big["user_id"].encode()], env.partitions)
+    producer = KafkaProducer(bootstrap_servers=env.bootstrap, max_request_size=2_000_000)
+    producer.send(
+        f"{env.name}-impressions", value=payload, partition=(home + 1) % env.partitions
+    ).get(timeout=30)
+    producer.close()
+    proc = env.start(tmp_path / "run.log")
+    finish(env, events, late, [proc], tmp_path)
+
+
+def test_a_repartition_topic_smaller_than_the_inputs_stops_start_up(
+    kafka_bootstrap, redis_url
+) -> None:
+    """An existing repartition topic that takes smaller messages than the input topics
+    would refuse a valid forward forever: start-up stops with one line naming it."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    from evaluator.config import ConfigError
+    from evaluator.sources.kafka import KafkaSource
+
+    env = new_env(kafka_bootstrap, redis_url)
+    kafka = env.settings().kafka
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    admin.create_topics([NewTopic(kafka.repartition(), env.partitions, 1)])
+    admin.close()
+    source = KafkaSource(kafka, 100)
+    try:
+        with pytest.raises(ConfigError, match=r"^kafka\.repartition_topic .* max\.message\.bytes"):
+            source.partition_count()
+    finally:
+        source.close()

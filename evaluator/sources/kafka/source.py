@@ -1,62 +1,36 @@
-"""Kafka source and dead-letter sink: the only module that imports kafka-python.
+"""The consumer-group member that feeds ``evaluator run``.
 
-A consumer-group member on the impressions and interactions topics with manual
-offset commits: :meth:`KafkaSource.commit` is called only after the pipeline
-has made a polled batch durable, so a crash re-delivers, never loses.
+It consumes the impressions and interactions topics (and the repartition topic)
+with manual offset commits: :meth:`KafkaSource.commit` is called only after the
+pipeline has made a polled batch durable, so a crash re-delivers, never loses.
 """
 
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from kafka.coordinator.assignors.range import RangePartitionAssignor
-from kafka.errors import KafkaError, TopicAlreadyExistsError
 from kafka.structs import OffsetAndMetadata
 
 from evaluator.batches import Kind, PartitionBatch, Rejected
 from evaluator.config import ConfigError, KafkaSettings
 from evaluator.routing import Forwarded
+from evaluator.sources.kafka.admin import (
+    FORWARD_HEADROOM,
+    MESSAGE_BYTES,
+    create_topic,
+    message_bytes,
+    resolvable,
+    security,
+)
+from evaluator.sources.kafka.sink import acknowledged, dead_letter_record, make_producer
 from evaluator.timeutil import parse_duration_ms
 
 log = logging.getLogger(__name__)
-
-
-def _security(settings: KafkaSettings) -> dict[str, Any]:
-    options: dict[str, Any] = {"security_protocol": settings.security_protocol}
-    if settings.sasl_mechanism:
-        options["sasl_mechanism"] = settings.sasl_mechanism
-        options["sasl_plain_username"] = settings.sasl_username
-        options["sasl_plain_password"] = settings.sasl_password
-    if settings.ssl_cafile:
-        options["ssl_cafile"] = settings.ssl_cafile
-    return options
-
-
-def _resolvable(bootstrap_servers: str) -> None:
-    """A bootstrap host that does not exist is a configuration error (one line, exit 2),
-    not an outage to wait for."""
-    unknown = []
-    servers = [s.strip() for s in bootstrap_servers.split(",") if s.strip()]
-    for server in servers:
-        host, _, port = server.rpartition(":")
-        host = host.strip("[]") or server
-        try:
-            socket.getaddrinfo(host, int(port) if port.isdigit() else 9092)
-        except socket.gaierror as exc:
-            if exc.errno != socket.EAI_NONAME:
-                return  # DNS trouble, not a wrong name: wait like for any outage
-            unknown.append(host)
-    if servers and len(unknown) == len(servers):  # one resolvable broker is enough
-        raise ConfigError(
-            f"kafka.bootstrap_servers: no host resolves ({', '.join(map(repr, unknown))})"
-        )
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -103,7 +77,7 @@ class KafkaSource:
         }
         if settings.partitioner != "trust":
             self.kinds[settings.repartition()] = "repartition"
-        _resolvable(settings.bootstrap_servers)
+        resolvable(settings.bootstrap_servers)
         self.consumer = KafkaConsumer(
             bootstrap_servers=settings.bootstrap_servers.split(","),
             group_id=settings.group_id,
@@ -119,7 +93,7 @@ class KafkaSource:
             # a missing topic is an error (or, for the repartition topic, created with
             # the right partition count), never auto-created with the broker's default
             allow_auto_create_topics=False,
-            **_security(settings),
+            **security(settings),
         )
         self.awaiting_since: float | None = time.monotonic()
         """When the group started (re)balancing without an assignment yet; None when settled."""
@@ -128,6 +102,8 @@ class KafkaSource:
         self._ends_at_ms = 0
         self._await_metadata([settings.impressions_topic, settings.interactions_topic], 30.0)
         self._producer: KafkaProducer | None = None
+        self._forward_bytes = MESSAGE_BYTES
+        """The producer's largest request: what the repartition topic takes."""
         self._offsets: KafkaConsumer | None = None
         self._origin: dict[TopicPartition, int] = {}
         """With ``latest``: where this member started an input never checkpointed."""
@@ -152,7 +128,8 @@ class KafkaSource:
     def partition_count(self) -> int:
         """The topics' common partition count; a ConfigError (one line at start-up)
         when they differ, since a user's events would then live in two partition
-        numbers."""
+        numbers. Creates the internal topics that are missing (see
+        :meth:`_check_repartition`)."""
         inputs = (self.settings.impressions_topic, self.settings.interactions_topic)
         counts = {t: len(self.consumer.partitions_for_topic(t) or ()) for t in inputs}
         if len(set(counts.values())) != 1 or 0 in counts.values():
@@ -163,13 +140,7 @@ class KafkaSource:
             )
         n = next(iter(counts.values()))
         if "repartition" in self.kinds.values():
-            topic = self.settings.repartition()
-            found = self._ensure_topic(topic, n, "kafka.repartition_topic")
-            if found != n:
-                raise ConfigError(
-                    f"kafka.repartition_topic {topic!r} has {found} partitions; the input "
-                    f"topics have {n}: delete it or name another"
-                )
+            self._check_repartition(n)
         if self.settings.dlq_suffix:  # else the first dead letter would wait, then fail
             for topic in inputs:
                 self._ensure_topic(
@@ -177,32 +148,42 @@ class KafkaSource:
                 )
         return n
 
-    def _ensure_topic(self, topic: str, partitions: int, key: str) -> int:
+    def _check_repartition(self, partitions: int) -> None:
+        """The repartition topic must have the inputs' partition count and take every
+        message they take, with room for the key and tag a forward adds: created so when
+        missing, else start-up stops naming it (a valid event it refused would be sent
+        again on every retry, and its partition would stall)."""
+        inputs = [self.settings.impressions_topic, self.settings.interactions_topic]
+        topic = self.settings.repartition()
+        largest = max(message_bytes(self.settings, inputs).values(), default=MESSAGE_BYTES)
+        needed = largest + FORWARD_HEADROOM
+        found = self._ensure_topic(
+            topic, partitions, "kafka.repartition_topic", {"max.message.bytes": str(needed)}
+        )
+        if found != partitions:
+            raise ConfigError(
+                f"kafka.repartition_topic {topic!r} has {found} partitions; the input "
+                f"topics have {partitions}: delete it or name another"
+            )
+        taken = message_bytes(self.settings, [topic]).get(topic)
+        if taken is not None and taken < largest:
+            raise ConfigError(
+                f"kafka.repartition_topic {topic!r} takes messages up to {taken} bytes, the "
+                f"input topics up to {largest}: set its max.message.bytes to {needed}, or "
+                f"delete it (it is created so)"
+            )
+        self._forward_bytes = max(MESSAGE_BYTES, needed)
+
+    def _ensure_topic(
+        self, topic: str, partitions: int, key: str, configs: dict[str, str] | None = None
+    ) -> int:
         """Create ``topic`` with ``partitions`` (and the impressions topic's replication)
         when missing; its partition count. A ConfigError naming ``key`` when it can be
         neither found nor created (no permission, say)."""
         found = self.consumer.partitions_for_topic(topic)
         if found:
             return len(found)
-        admin = KafkaAdminClient(
-            bootstrap_servers=self.settings.bootstrap_servers.split(","),
-            client_id=self.settings.client_id + "-admin",
-            **_security(self.settings),
-        )
-        try:
-            described = admin.describe_topics([self.settings.impressions_topic])
-            first = described[0]["partitions"][0] if described else {}
-            replicas = len(first.get("replica_nodes") or [1])
-            admin.create_topics([NewTopic(topic, partitions, replicas)])
-            log.info("created topic %s (%d partitions)", topic, partitions)
-        except TopicAlreadyExistsError:
-            pass
-        except KafkaError as exc:
-            raise ConfigError(
-                f"{key}: topic {topic!r} is missing and could not be created ({exc}); create it"
-            ) from exc
-        finally:
-            admin.close()
+        create_topic(self.settings, topic, partitions, key, configs or {})
         self._await_metadata([topic], 30.0)
         return len(self.consumer.partitions_for_topic(topic) or ()) or partitions
 
@@ -215,7 +196,7 @@ class KafkaSource:
             producer.send(topic, value=f.payload, key=f.key, partition=f.partition)
             for f in forwarded
         ]
-        _acknowledged(producer, sent)
+        acknowledged(producer, sent)
 
     def seek(self, resume: dict[int, dict[str, int]]) -> None:
         """Move each (partition number, kind) to its checkpointed offset. An input never
@@ -277,7 +258,7 @@ class KafkaSource:
                 client_id=self.settings.client_id + "-offsets",
                 group_id=None,
                 enable_auto_commit=False,
-                **_security(self.settings),
+                **security(self.settings),
             )
         return self._offsets
 
@@ -341,17 +322,12 @@ class KafkaSource:
             read_from = self._topic(bad.partition.split(":")[0])  # type: ignore[arg-type]
             value, headers = dead_letter_record(bad, read_from)
             sent.append(producer.send(topic + self.settings.dlq_suffix, value, headers=headers))
-        _acknowledged(producer, sent)
+        acknowledged(producer, sent)
 
     def _ensure_producer(self) -> KafkaProducer:
         """The producer for dead letters and forwarded events (created on first use)."""
         if self._producer is None:
-            self._producer = KafkaProducer(
-                bootstrap_servers=self.settings.bootstrap_servers.split(","),
-                client_id=self.settings.client_id + "-producer",
-                acks="all",
-                **_security(self.settings),
-            )
+            self._producer = make_producer(self.settings, self._forward_bytes)
         return self._producer
 
     def commit(self, batches: Sequence[PartitionBatch] | None = None) -> None:
@@ -394,62 +370,3 @@ class KafkaSource:
         if self._offsets is not None:
             self._offsets.close()
         self.consumer.close(autocommit=False)
-
-
-SEND_TIMEOUT_S = 30.0
-
-DEAD_LETTER_BYTES = 900_000
-"""Payload bytes a dead letter keeps: with its headers it stays under the producer's
-and the broker's default 1 MiB (an input topic may allow larger messages). A larger
-one would fail to send on every retry and stall its partition."""
-
-
-def dead_letter_record(bad: Rejected, topic: str) -> tuple[bytes, list[tuple[str, bytes]]]:
-    """The value and headers of ``bad``'s dead letter: the reason, the detail, where it
-    was read (``topic``: an input or the repartition topic, with partition and offset),
-    and (when its payload was cut to :data:`DEAD_LETTER_BYTES`) its size."""
-    headers = [
-        ("reason", bad.event.reason.value.encode()),
-        ("detail", bad.event.detail.encode()[:1000]),
-        ("source", f"{topic}/{bad.partition.split(':')[1]}@{bad.offset}".encode()),
-    ]
-    if len(bad.payload) > DEAD_LETTER_BYTES:
-        headers.append(("truncated_from", str(len(bad.payload)).encode()))
-    return bad.payload[:DEAD_LETTER_BYTES], headers
-
-
-def _acknowledged(producer: KafkaProducer, sent: list[Any]) -> None:
-    """Flush, then make every send's failure an exception: ``flush`` alone only logs
-    failed records, and a checkpoint must never move past an event that was lost."""
-    producer.flush()
-    for future in sent:
-        future.get(timeout=SEND_TIMEOUT_S)
-
-
-class KafkaSink:
-    """Producer of simulated (or replayed) events onto the impressions/interactions topics."""
-
-    def __init__(self, settings: KafkaSettings) -> None:
-        self.topics: dict[Kind, str] = {
-            "impressions": settings.impressions_topic,
-            "interactions": settings.interactions_topic,
-        }
-        self._producer = KafkaProducer(
-            bootstrap_servers=settings.bootstrap_servers.split(","),
-            client_id=settings.client_id + "-simulator",
-            acks="all",
-            linger_ms=20,
-            batch_size=256 * 1024,
-            **_security(settings),
-        )
-
-    def send(self, kind: Kind, key: bytes, payload: bytes) -> None:
-        """Queue one message, keyed by user so a user's events stay in one partition."""
-        self._producer.send(self.topics[kind], key=key or None, value=payload)
-
-    def flush(self) -> None:
-        self._producer.flush()
-
-    def close(self) -> None:
-        self._producer.flush()
-        self._producer.close()

@@ -1,0 +1,109 @@
+"""Connection options shared by every kafka-python client, and the topic checks and
+creations made at start-up (a missing or mis-sized internal topic stops start-up
+with one line, instead of stalling a partition at its first use)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import Any
+
+from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewTopic
+from kafka.errors import KafkaError, TopicAlreadyExistsError
+
+from evaluator.config import ConfigError, KafkaSettings
+
+log = logging.getLogger(__name__)
+
+MESSAGE_BYTES = 1_048_576
+"""kafka-python's default ``max_request_size``, below the broker's default topic
+``max.message.bytes`` (1,048,588)."""
+
+FORWARD_HEADROOM = 65_536
+"""Bytes a forwarded event may grow by (its user id as key, the tag, record overhead)."""
+
+
+def security(settings: KafkaSettings) -> dict[str, Any]:
+    options: dict[str, Any] = {"security_protocol": settings.security_protocol}
+    if settings.sasl_mechanism:
+        options["sasl_mechanism"] = settings.sasl_mechanism
+        options["sasl_plain_username"] = settings.sasl_username
+        options["sasl_plain_password"] = settings.sasl_password
+    if settings.ssl_cafile:
+        options["ssl_cafile"] = settings.ssl_cafile
+    return options
+
+
+def resolvable(bootstrap_servers: str) -> None:
+    """A bootstrap host that does not exist is a configuration error (one line, exit 2),
+    not an outage to wait for."""
+    unknown = []
+    servers = [s.strip() for s in bootstrap_servers.split(",") if s.strip()]
+    for server in servers:
+        host, _, port = server.rpartition(":")
+        host = host.strip("[]") or server
+        try:
+            socket.getaddrinfo(host, int(port) if port.isdigit() else 9092)
+        except socket.gaierror as exc:
+            if exc.errno != socket.EAI_NONAME:
+                return  # DNS trouble, not a wrong name: wait like for any outage
+            unknown.append(host)
+    if servers and len(unknown) == len(servers):  # one resolvable broker is enough
+        raise ConfigError(
+            f"kafka.bootstrap_servers: no host resolves ({', '.join(map(repr, unknown))})"
+        )
+
+
+def admin_client(settings: KafkaSettings) -> KafkaAdminClient:
+    return KafkaAdminClient(
+        bootstrap_servers=settings.bootstrap_servers.split(","),
+        client_id=settings.client_id + "-admin",
+        **security(settings),
+    )
+
+
+def create_topic(
+    settings: KafkaSettings, topic: str, partitions: int, key: str, configs: dict[str, str]
+) -> None:
+    """Create ``topic`` with ``partitions``, the impressions topic's replication and
+    ``configs``; a ConfigError naming ``key`` when the broker refuses (no permission,
+    say). Already existing is fine."""
+    admin = admin_client(settings)
+    try:
+        described = admin.describe_topics([settings.impressions_topic])
+        first = described[0]["partitions"][0] if described else {}
+        replicas = len(first.get("replica_nodes") or [1])
+        admin.create_topics([NewTopic(topic, partitions, replicas, topic_configs=configs)])
+        log.info("created topic %s (%d partitions)", topic, partitions)
+    except TopicAlreadyExistsError:
+        pass
+    except KafkaError as exc:
+        raise ConfigError(
+            f"{key}: topic {topic!r} is missing and could not be created ({exc}); create it"
+        ) from exc
+    finally:
+        admin.close()
+
+
+def message_bytes(settings: KafkaSettings, topics: list[str]) -> dict[str, int]:
+    """Each topic's ``max.message.bytes`` (its own or the broker's default); empty when
+    the broker does not describe them (no permission): the caller then assumes the
+    defaults."""
+    admin = admin_client(settings)
+    wanted = {"max.message.bytes": None}
+    try:
+        found = admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, t, dict(wanted)) for t in topics],
+            config_filter="all",
+        )
+        described = found.get("topic", {})
+        return {
+            t: int(described[t]["max.message.bytes"]["value"])
+            for t in topics
+            if t in described and "max.message.bytes" in described[t]
+        }
+    except (KafkaError, KeyError, TypeError, ValueError) as exc:
+        log.warning("could not read the topics' max.message.bytes (%s); assuming defaults", exc)
+        return {}
+    finally:
+        admin.close()
