@@ -35,6 +35,7 @@ from evaluator.stats import (
     ratio_estimate,
     sequential,
     srm_p_value,
+    srm_sequential_p_value,
 )
 
 FloatArray = npt.NDArray[np.float64]
@@ -90,6 +91,10 @@ class ExperimentReadout:
     users: dict[str, int]
     requests: dict[str, float]
     srm_p_value: float
+    """Always valid (:func:`srm_sequential_p_value`): what the exported series and the
+    alert use."""
+    srm_p_fixed: float
+    """Chi-square, valid for one look (a whole file's replay)."""
     comparisons: list[Comparison] = field(default_factory=list)
     overlap: dict[tuple[str, int], float] = field(default_factory=dict)
     """Jaccard@K of each variant's and the control's recommended items, by (variant, K),
@@ -137,6 +142,7 @@ def read_experiment(
         control,
         {v: int(users.get(v, 0)) for v in arms},
         {v: float(per[v][:, 0].sum()) if v in per else 0.0 for v in arms},
+        srm_sequential_p_value(counts, weights) if len(arms) >= 2 else math.nan,
         srm_p_value(counts, weights) if len(arms) >= 2 else math.nan,
     )
     if control not in per:

@@ -62,3 +62,21 @@ def rbo_ext(a: Sequence[str], b: Sequence[str], p: float) -> float:
     total = sum(x(d) / d * p**d for d in range(1, ln + 1))
     total += sum(x(s) * (d - s) / (s * d) * p**d for d in range(s + 1, ln + 1))
     return (1 - p) / p * total + ((x(ln) - x(s)) / ln + x(s) / s) * p**ln
+
+
+def srm_sequential_p(
+    counts: Sequence[float], share: Sequence[float], concentration: float
+) -> float:
+    """The always-valid SRM p-value from scipy: 1 / (Dirichlet-multinomial probability
+    of the counts over their multinomial probability under ``share``; the multinomial
+    coefficients cancel), capped at 1."""
+    import numpy as np
+    from scipy import stats
+
+    x = np.asarray(counts, dtype=np.int64)
+    theta = np.asarray(share, dtype=np.float64) / float(np.sum(share))
+    n = int(x.sum())
+    log_bf = stats.dirichlet_multinomial.logpmf(x, concentration * theta, n) - (
+        stats.multinomial.logpmf(x, n, theta)
+    )
+    return min(1.0, math.exp(-log_bf))

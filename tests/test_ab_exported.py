@@ -7,7 +7,8 @@ Checked on the exported series: they are cumulative since the experiment's start
 (requests and users only grow, and at the end hold every request, although the
 24 h window holds a third of them), the users per arm are the exact distinct users,
 inference starts only with enough users, the bounds never cross, and this A/A
-experiment is never flagged. The false-positive rates over 500 experiments are in
+experiment is never flagged (nor its sample ratio, whose p-value at every look is the
+always-valid one). The false-positive rates over 500 experiments are in
 tests/test_ab_readout.py, through the same readout function.
 """
 
@@ -16,15 +17,18 @@ from __future__ import annotations
 import json
 import random
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from evaluator.batches import PartitionBatch
 from evaluator.config import load_settings
 from evaluator.exporters.prometheus import WindowCollector
+from evaluator.stats import SRM_CONCENTRATION
 from evaluator.stores.memory import MemoryStore
 from evaluator.tasks import Tasks
 from tests.livecheck import FakeClock
+from tests.reference import srm_sequential_p
 
 HOUR = 3_600_000
 T0 = 1_767_225_600_000
@@ -134,6 +138,10 @@ def test_exported_ab_series_over_a_long_run() -> None:
         last_users, last_requests = users, requests
         for v in "AB":  # exact distinct users, each counted at their first exposure
             assert pick(found, "recsys_eval_ab_users", variant=v) == len(exposed[v])
+        # the sample-ratio p-value, read at every look, is the always-valid one
+        srm = pick(found, "recsys_eval_srm_p_value")
+        want = srm_sequential_p([len(exposed["A"]), len(exposed["B"])], [1, 1], SRM_CONCENTRATION)
+        assert srm == pytest.approx(want, rel=1e-9) and srm >= 0.001
         labels = {"variant": "B", "k": "10", "adjusted": "false"}
         lower = pick(found, "recsys_eval_ab_ndcg_diff_lower", **labels)
         upper = pick(found, "recsys_eval_ab_ndcg_diff_upper", **labels)

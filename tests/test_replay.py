@@ -17,7 +17,9 @@ from evaluator.commands.replay import evaluate_files
 from evaluator.config import load_settings
 from evaluator.propensity import PowerLaw, ips_weights
 from evaluator.report import render_table
+from evaluator.stats import SRM_CONCENTRATION
 from tests.eventgen import generate, naive_evaluate
+from tests.reference import srm_sequential_p
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -186,7 +188,9 @@ def test_replay_reports_the_ab_readout(tmp_path) -> None:
     assert ab["requests"] == {v: report["variants"][v]["requests"] for v in "AB"}
     counts = np.array([users["A"], users["B"]], dtype=float)
     chi2 = float(((counts - counts.mean()) ** 2 / counts.mean()).sum())
-    assert ab["srm_p_value"] == pytest.approx(math.erfc(math.sqrt(chi2 / 2)), rel=1e-6)
+    assert ab["srm_p_fixed"] == pytest.approx(math.erfc(math.sqrt(chi2 / 2)), rel=1e-6)
+    want = srm_sequential_p(counts, [1, 1], SRM_CONCENTRATION)
+    assert ab["srm_p_value"] == pytest.approx(want, rel=1e-6)
     for c in ab["comparisons"]:
         metric = "ndcg_adjusted" if c["adjusted"] else "ndcg"
         want = (

@@ -14,6 +14,7 @@ from evaluator.stats import (
     ratio_estimate,
     sequential,
     srm_p_value,
+    srm_sequential_p_value,
 )
 
 BUCKETS = 128
@@ -128,9 +129,59 @@ def test_sequential_test_detects_a_real_effect() -> None:
     assert power >= 0.8
 
 
-def test_srm_flags_traffic_to_an_arm_the_split_gives_none() -> None:
-    from evaluator.stats import srm_p_value
-
-    assert srm_p_value(np.array([500.0, 500.0, 3.0]), np.array([0.5, 0.5, 0.0])) == 0.0
+@pytest.mark.parametrize("test", [srm_p_value, srm_sequential_p_value])
+def test_srm_flags_traffic_to_an_arm_the_split_gives_none(test) -> None:
+    assert test(np.array([500.0, 500.0, 3.0]), np.array([0.5, 0.5, 0.0])) == 0.0
     # an arm with no share and no traffic is no evidence either way
-    assert srm_p_value(np.array([500.0, 500.0, 0.0]), np.array([0.5, 0.5, 0.0])) == 1.0
+    assert test(np.array([500.0, 500.0, 0.0]), np.array([0.5, 0.5, 0.0])) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("counts", "weights"),
+    [
+        ([1050, 950], None),
+        ([5200, 4800], None),
+        ([1100, 1000, 900], None),
+        ([480, 1560], [1, 3]),
+        ([9, 14, 2], [0.5, 0.25, 0.25]),
+    ],
+)
+def test_sequential_srm_is_the_dirichlet_multinomial_bayes_factor(counts, weights) -> None:
+    from evaluator.stats import SRM_CONCENTRATION
+    from tests.reference import srm_sequential_p
+
+    share = [1.0] * len(counts) if weights is None else weights
+    got = srm_sequential_p_value(np.array(counts, dtype=float), weights and np.array(weights))
+    assert got == pytest.approx(srm_sequential_p(counts, share, SRM_CONCENTRATION), rel=1e-9)
+
+
+def test_sequential_srm_stays_valid_when_watched_continuously() -> None:
+    """Ground truth: users arrive at an exact 50/50 split and the p-value is read every
+    1,000 users up to 100,000 (100 looks). The sequential p-value ever falls below 0.001
+    in at most ~0.1% of experiments, below 0.05 in at most 5%; the chi-square, read at 20
+    of those looks, flags far more (it is valid for one look only)."""
+    rng = np.random.default_rng(7)
+    experiments, looks, step = 1_000, 400, 250
+    control = np.cumsum(rng.binomial(step, 0.5, size=(experiments, looks)), axis=1)
+    total = step * np.arange(1, looks + 1)
+    seq_min = np.ones(experiments)
+    chi_min = np.ones(experiments)
+    for look in range(0, looks, 4):  # every 1,000 users (100 looks)
+        for e in range(experiments):
+            counts = np.array([control[e, look], total[look] - control[e, look]], dtype=float)
+            seq_min[e] = min(seq_min[e], srm_sequential_p_value(counts))
+            if look % 20 == 0:
+                chi_min[e] = min(chi_min[e], srm_p_value(counts))
+    assert np.mean(seq_min < 0.05) <= 0.05
+    assert np.mean(seq_min < 0.001) <= 0.003
+    assert np.mean(chi_min < 0.05) > 0.15  # 20 looks already inflate the fixed test
+
+
+def test_sequential_srm_detects_real_mismatches() -> None:
+    """Power, simulated: 51/49 is flagged (p < 0.001) by 100,000 users in nearly every
+    experiment, 55/45 by 5,000."""
+    rng = np.random.default_rng(8)
+    for share, users in ((0.49, 100_000), (0.45, 5_000)):
+        treated = rng.binomial(users, share, 200)
+        p = [srm_sequential_p_value(np.array([users - t, t], dtype=float)) for t in treated]
+        assert np.mean(np.array(p) < 0.001) >= 0.95

@@ -75,8 +75,9 @@ def new_families() -> Families:
             [],
         ),
         "recsys_eval_srm_p_value": (
-            "Sample-ratio-mismatch chi-square p-value of the users exposed per variant "
-            "since the experiment's start.",
+            "Always-valid sample-ratio-mismatch p-value (Dirichlet-multinomial Bayes "
+            "factor) of the users exposed per variant since the experiment's start: safe "
+            "to alert on continuously.",
             ["experiment"],
         ),
         "recsys_eval_ab_users": (
