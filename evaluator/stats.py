@@ -75,7 +75,7 @@ def _normal_ppf(p: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class DiffResult:
-    """Variant minus control, its interval, and a p-value."""
+    """Variant minus control, its interval, a p-value, and the relative lift's interval."""
 
     diff: float
     lower: float
@@ -83,17 +83,30 @@ class DiffResult:
     p_value: float
     control: float
     """The control's mean; relative lift = diff / control."""
+    lift_lower: float = math.nan
+    lift_upper: float = math.nan
 
     def lift(self) -> tuple[float, float, float]:
         """Relative lift and its bounds (NaN when the control mean is 0)."""
         if not self.control or not math.isfinite(self.control):
             return math.nan, math.nan, math.nan
-        c = self.control
-        return self.diff / c, self.lower / c, self.upper / c
+        return self.diff / self.control, self.lift_lower, self.lift_upper
 
 
-def _with_lift(diff: float, half: float, p: float, control: float) -> DiffResult:
-    return DiffResult(diff, diff - half, diff + half, p, control)
+def _result(half: float, p: float, control: RatioEstimate, variant: RatioEstimate) -> DiffResult:
+    """The result for an interval of half-width ``half`` around the difference. The
+    lift's interval has the same boundary with the delta-method variance of
+    ``variant / control − 1``, ``V_v/c² + v²·V_c/c⁴``: the control's mean is an estimate
+    too (dividing the difference's bounds by it would ignore that, and cover less)."""
+    c, v = control.mean, variant.mean
+    diff = v - c
+    var = control.variance + variant.variance
+    lift_half = math.nan
+    if c and math.isfinite(c) and math.isfinite(half) and var > 0:
+        relative = variant.variance / c**2 + v * v * control.variance / c**4
+        lift_half = half * math.sqrt(relative / var)
+    lift = diff / c if c and math.isfinite(c) else math.nan
+    return DiffResult(diff, diff - half, diff + half, p, c, lift - lift_half, lift + lift_half)
 
 
 def fixed_horizon(
@@ -103,9 +116,9 @@ def fixed_horizon(
     diff = variant.mean - control.mean
     se = math.sqrt(control.variance + variant.variance)
     if not math.isfinite(se) or se == 0:
-        return _with_lift(diff, math.nan, math.nan, control.mean)
+        return _result(math.nan, math.nan, control, variant)
     p = 2 * _normal_sf(abs(diff) / se)
-    return _with_lift(diff, _normal_ppf(1 - alpha / 2) * se, p, control.mean)
+    return _result(_normal_ppf(1 - alpha / 2) * se, p, control, variant)
 
 
 def mixture_rho(tuning: float, alpha: float) -> float:
@@ -128,35 +141,55 @@ def sequential(
     n = control.count + variant.count
     var = control.variance + variant.variance
     if not (math.isfinite(var) and var > 0 and n > 0):
-        return _with_lift(diff, math.nan, math.nan, control.mean)
+        return _result(math.nan, math.nan, control, variant)
     sigma2 = n * var
     rho2 = mixture_rho(tuning, alpha) ** 2
     growth = n * rho2 + 1
     half = math.sqrt(sigma2 * 2 * growth / (n * n * rho2) * math.log(math.sqrt(growth) / alpha))
     log_lr = n * n * rho2 * diff * diff / (2 * sigma2 * growth) - 0.5 * math.log(growth)
     p = 1.0 if log_lr <= 0 else min(1.0, math.exp(-log_lr))
-    return _with_lift(diff, half, p, control.mean)
+    return _result(half, p, control, variant)
+
+
+Bounds = tuple[float, float]
+
+
+def _intersect(new: Bounds, old: Bounds | None) -> Bounds | None:
+    """The running intersection with ``old``; None when they are disjoint: the sequence
+    missed (an event of probability at most alpha), and the caller restarts from this
+    look rather than show an empty interval."""
+    if old is None:
+        return new
+    if max(new[0], old[0]) > min(new[1], old[1]):
+        return None
+    return max(new[0], old[0]), min(new[1], old[1])
 
 
 class SequentialTracker:
-    """Running intersection of always-valid intervals and running minimum p-value, per
-    key (restarted from the latest look if that would leave an empty interval)."""
+    """Running intersection of always-valid intervals (of the difference and of the
+    lift) and running minimum p-value, per key."""
 
     def __init__(self) -> None:
-        self._state: dict[tuple[str, ...], tuple[float, float, float]] = {}
+        self._state: dict[tuple[str, ...], tuple[Bounds, float, Bounds | None]] = {}
 
     def update(self, key: tuple[str, ...], result: DiffResult) -> DiffResult:
-        lower, upper, p = result.lower, result.upper, result.p_value
-        if not (math.isfinite(lower) and math.isfinite(upper)):
+        if not (math.isfinite(result.lower) and math.isfinite(result.upper)):
             return result
         old = self._state.get(key)
-        if old is not None and max(lower, old[0]) <= min(upper, old[1]):
-            lower, upper, p = max(lower, old[0]), min(upper, old[1]), min(p, old[2])
-        # disjoint from the running interval: the sequence missed (an event of
-        # probability at most alpha); restart from this look rather than show an
-        # empty interval
-        self._state[key] = (lower, upper, p)
-        return DiffResult(result.diff, lower, upper, p, result.control)
+        bounds = _intersect((result.lower, result.upper), old[0] if old else None)
+        p = result.p_value
+        if bounds is None or old is None:  # first look, or a restart
+            bounds = (result.lower, result.upper)
+        else:
+            p = min(p, old[1])
+        fresh = (result.lift_lower, result.lift_upper)
+        before = old[2] if old else None
+        lift = before
+        if math.isfinite(fresh[0]) and math.isfinite(fresh[1]):
+            lift = (_intersect(fresh, before) if before else None) or fresh
+        self._state[key] = (bounds, p, lift)
+        lower, upper = lift or (math.nan, math.nan)
+        return DiffResult(result.diff, *bounds, p, result.control, lower, upper)
 
 
 SRM_CONCENTRATION = 100.0
