@@ -50,6 +50,7 @@ def engine_config(settings: Settings, partitions: int | None = None) -> EngineCo
         idle_timeout_ms=settings.event_time.ms("idle_timeout"),
         history_cap=settings.cold_start.min_relevant_history,
         attribute=settings.metrics.diversity_attribute,
+        shadow_of=settings.ab.control,
         finalised_ttl_ms=settings.redis.ttl_s("finalised_ttl") * 1000,
         experiments=settings.ab.experiment_list(),
         exposure_ttl_ms=parse_duration_ms(settings.ab.exposure_ttl),

@@ -265,7 +265,8 @@ def test_rbo_with_shadow_rankings(tmp_path) -> None:
     for e in events.impressions:  # duplicates (at-least-once copies) carry it too
         if e["variant"] != "A":
             shadow = list(reversed(e["items"]))[:15]
-            e["shadow"] = {"A": shadow}
+            # the control's shadow is the one compared, even when another sorts first
+            e["shadow"] = {"A": shadow, "0-first-by-name": e["items"]}
             if e["request_id"] not in seen:
                 seen.add(e["request_id"])
                 rbo = reference.rbo_ext(e["items"], shadow, 0.9)

@@ -51,6 +51,9 @@ class EngineConfig:
     idle_timeout_ms: int = 30_000
     history_cap: int = 3
     attribute: str = "category"
+    shadow_of: str = ""
+    """The variant whose shadow ranking an open request keeps for RBO (the configured
+    control; "": the first by name)."""
     finalised_ttl_ms: int = 6 * 3_600_000
     history_ttl_ms: int = 30 * 86_400_000
     inputs: tuple[str, ...] = ("impressions", "interactions")
@@ -140,7 +143,7 @@ class PartitionEngine:
         requests, markers = state.requests, state.markers
         final = markers.final
         delay = self.config.finalise.deadline(0)  # a constant delay after each impression
-        attribute = self.config.attribute
+        attribute, shadow_of = self.config.attribute, self.config.shadow_of
         # experiments whose records were dropped (ended a horizon ago, by the data's own
         # time, which survives reloads) count nobody again
         data_ms = self.data_time_ms()
@@ -151,7 +154,7 @@ class PartitionEngine:
             if rid in requests or (rid in final and markers.deadline(rid) is not None):
                 counts.duplicates += 1
                 continue
-            request = open_request(event, ts, attribute)
+            request = open_request(event, ts, attribute, shadow_of)
             requests[rid] = request  # a repeat later in this batch is a duplicate
             fresh.append(request)
             for experiment in experiments:

@@ -97,13 +97,21 @@ def request_of(rid: str, fields: list[Any]) -> OpenRequest:
     )
 
 
-def open_request(event: Impression, timestamp_ms: int, attribute: str) -> OpenRequest:
-    """The open request an impression starts (its first shadow ranking by name kept),
-    with its item ids and attribute values shared (:data:`share`)."""
+def open_request(
+    event: Impression, timestamp_ms: int, attribute: str, shadow_of: str = ""
+) -> OpenRequest:
+    """The open request an impression starts, with its item ids and attribute values
+    shared (:data:`share`). Of its shadow rankings it keeps the one of ``shadow_of``
+    (the control the RBO series is labelled with; none if it has none), or, with no
+    control configured, the first by variant name."""
     shadow_variant, shadow = "", EMPTY
     if event.shadow:
-        shadow_variant = min(event.shadow)
-        shadow = share(event.shadow[shadow_variant])
+        shadow_variant = shadow_of or min(event.shadow)
+        ranking = event.shadow.get(shadow_variant)
+        if ranking is None:
+            shadow_variant = ""
+        else:
+            shadow = share(ranking)
     attributes = event.item_attributes
     return OpenRequest(
         event.request_id,
