@@ -146,7 +146,7 @@ class WindowCollector(Collector):
         )
         label = self.window_label.get(window, format_duration_ms(window))
         starts = self._bucket_starts(window, frontier)
-        coverage, counts = self._coverage(window, starts, [v for v in totals if v != OTHER])
+        coverage = self._coverage(window, starts, [v for v in totals if v != OTHER])
         for variant, block in totals.items():
             for k in self.layout.ks:
                 fam.add(
@@ -162,7 +162,6 @@ class WindowCollector(Collector):
                     fam,
                     window,
                     starts,
-                    counts,
                     label,
                     experiment=experiment.name,
                     control=control,
@@ -185,8 +184,8 @@ class WindowCollector(Collector):
 
     def _coverage(
         self, window: int, starts: list[int], variants: list[str]
-    ) -> tuple[dict[tuple[str, int], float], dict[tuple[str, int], float]]:
-        """Coverage per (variant, k), and the distinct-item counts behind it."""
+    ) -> dict[tuple[str, int], float]:
+        """Coverage per (variant, k)."""
         counts, catalog_seen = self._cached(
             (window, "items:" + ",".join(variants)),
             lambda: self.store.distinct_items(window, starts, variants),
@@ -195,14 +194,13 @@ class WindowCollector(Collector):
         coverage = {
             key: min(1.0, n / catalog) if catalog else math.nan for key, n in counts.items()
         }
-        return coverage, counts
+        return coverage
 
     def _overlap(
         self,
         fam: Families,
         window: int,
         starts: list[int],
-        counts: dict[tuple[str, int], float],
         label: str,
         *,
         experiment: str,
@@ -210,11 +208,18 @@ class WindowCollector(Collector):
         others: list[str],
     ) -> None:
         """Jaccard@K between each variant's and the control's item sets (sketch-based:
-        |A ∩ B| = |A| + |B| − |A ∪ B|)."""
+        |A ∩ B| = |A| + |B| − |A ∪ B|). The counts and the unions are read together, for
+        the same buckets: read at different refreshes they could describe different
+        windows (and give an overlap below 0 or above 1)."""
         groups = [(v, control, k) for v in others for k in self.layout.ks]
-        unions = self._cached(
-            (window, "unions:" + ",".join([control, *others])),
-            lambda: self.store.distinct_unions(window, starts, groups),
+        arms = [control, *others]
+        counts, unions = self._cached(
+            (window, "overlap:" + ",".join(arms)),
+            lambda: (
+                self.store.distinct_items(window, starts, arms)[0],
+                self.store.distinct_unions(window, starts, groups),
+            ),
+            done=lambda value: bool(value[1]),
         )
         for (variant, _, k), union in zip(groups, unions, strict=True):
             both = counts[(variant, k)] + counts[(control, k)] - union
