@@ -93,20 +93,33 @@ class DiffResult:
         return self.diff / self.control, self.lift_lower, self.lift_upper
 
 
+def _fieller(q: float, control: RatioEstimate, variant: RatioEstimate) -> tuple[float, float]:
+    """Fieller's interval for the lift ``v/c − 1`` at the boundary ``q`` of the
+    difference's test: the ratios ``ρ`` with ``(v − ρc)² ≤ q²(V_v + ρ²V_c)``. At ``ρ = 1``
+    that is the difference's own test, so the lift's interval excludes 0 exactly when
+    the difference's does (a delta-method interval around the lift does not: it is
+    lopsided when the control's mean is uncertain). NaN when the control's mean is not
+    clearly above 0 (the set is then unbounded)."""
+    c, v = control.mean, variant.mean
+    a = c * c - q * q * control.variance
+    if not (math.isfinite(a) and a > 0):
+        return math.nan, math.nan
+    vc, vv = control.variance, variant.variance
+    root = q * math.sqrt(max(0.0, c * c * vv + v * v * vc - q * q * vc * vv))
+    return (v * c - root) / a - 1, (v * c + root) / a - 1
+
+
 def _result(half: float, p: float, control: RatioEstimate, variant: RatioEstimate) -> DiffResult:
-    """The result for an interval of half-width ``half`` around the difference. The
-    lift's interval has the same boundary with the delta-method variance of
-    ``variant / control − 1``, ``V_v/c² + v²·V_c/c⁴``: the control's mean is an estimate
-    too (dividing the difference's bounds by it would ignore that, and cover less)."""
+    """The result for an interval of half-width ``half`` around the difference, and the
+    lift's interval for the same boundary (:func:`_fieller`): the control's mean is an
+    estimate too (dividing the difference's bounds by it would ignore that)."""
     c, v = control.mean, variant.mean
     diff = v - c
     var = control.variance + variant.variance
-    lift_half = math.nan
-    if c and math.isfinite(c) and math.isfinite(half) and var > 0:
-        relative = variant.variance / c**2 + v * v * control.variance / c**4
-        lift_half = half * math.sqrt(relative / var)
-    lift = diff / c if c and math.isfinite(c) else math.nan
-    return DiffResult(diff, diff - half, diff + half, p, c, lift - lift_half, lift + lift_half)
+    lift_bounds = (math.nan, math.nan)
+    if math.isfinite(half) and var > 0:
+        lift_bounds = _fieller(half / math.sqrt(var), control, variant)
+    return DiffResult(diff, diff - half, diff + half, p, c, *lift_bounds)
 
 
 def fixed_horizon(
@@ -167,7 +180,9 @@ def _intersect(new: Bounds, old: Bounds | None) -> Bounds | None:
 
 class SequentialTracker:
     """Running intersection of always-valid intervals (of the difference and of the
-    lift) and running minimum p-value, per key."""
+    lift) and running minimum p-value, per key. Both intervals restart together (from
+    the latest look) when either intersection would be empty, so that the lift's
+    interval excludes 0 exactly when the difference's does."""
 
     def __init__(self) -> None:
         self._state: dict[tuple[str, ...], tuple[Bounds, float, Bounds | None]] = {}
@@ -175,21 +190,22 @@ class SequentialTracker:
     def update(self, key: tuple[str, ...], result: DiffResult) -> DiffResult:
         if not (math.isfinite(result.lower) and math.isfinite(result.upper)):
             return result
+        fresh: Bounds | None = (result.lift_lower, result.lift_upper)
+        if not (math.isfinite(result.lift_lower) and math.isfinite(result.lift_upper)):
+            fresh = None
         old = self._state.get(key)
-        bounds = _intersect((result.lower, result.upper), old[0] if old else None)
-        p = result.p_value
-        if bounds is None or old is None:  # first look, or a restart
-            bounds = (result.lower, result.upper)
-        else:
-            p = min(p, old[1])
-        fresh = (result.lift_lower, result.lift_upper)
-        before = old[2] if old else None
-        lift = before
-        if math.isfinite(fresh[0]) and math.isfinite(fresh[1]):
-            lift = (_intersect(fresh, before) if before else None) or fresh
-        self._state[key] = (bounds, p, lift)
-        lower, upper = lift or (math.nan, math.nan)
-        return DiffResult(result.diff, *bounds, p, result.control, lower, upper)
+        state = (result.lower, result.upper), result.p_value, fresh
+        if old is not None:
+            bounds = _intersect(state[0], old[0])
+            lift = (
+                old[2] if fresh is None else fresh if old[2] is None else _intersect(fresh, old[2])
+            )
+            if bounds is not None and (lift is not None or fresh is None):
+                state = bounds, min(result.p_value, old[1]), lift
+        self._state[key] = state
+        (lower, upper), p, lift = state
+        lift_lower, lift_upper = lift or (math.nan, math.nan)
+        return DiffResult(result.diff, lower, upper, p, result.control, lift_lower, lift_upper)
 
 
 SRM_CONCENTRATION = 100.0

@@ -195,8 +195,8 @@ def test_lift_intervals_cover_the_true_lift() -> None:
     """Ground truth: a control of mean ~0.21 and a variant 50% above it, from 64 user
     buckets of overdispersed traffic each. The lift's 95% interval covers the true lift
     in ~95% of 2,000 experiments: the control's mean is an estimate too (dividing the
-    difference's bounds by it, as before, covered 88.6%). The always-valid lift interval
-    covers at least as often."""
+    difference's bounds by it covered 88.6%). The always-valid lift interval covers at
+    least as often."""
     rng = np.random.default_rng(11)
     buckets, spread = 64, 0.35
 
@@ -217,3 +217,45 @@ def test_lift_intervals_cover_the_true_lift() -> None:
         sequential_hits += lower <= true_lift <= upper
     assert 0.93 <= fixed_hits / experiments <= 0.97
     assert sequential_hits / experiments >= 0.95
+
+
+def _agrees(result) -> bool:
+    """The lift's interval excludes 0 on the same side as the difference's."""
+    if not (math.isfinite(result.lift_lower) and math.isfinite(result.lift_upper)):
+        return True
+    return (result.lift_lower > 0) == (result.lower > 0) and (result.lift_upper < 0) == (
+        result.upper < 0
+    )
+
+
+def test_the_lift_excludes_zero_exactly_when_the_difference_does() -> None:
+    """At one look (fixed and sequential) and across looks of the tracker. A delta-method
+    interval around the lift did not: control 0.020 ± 0.0025, variant 0.0135 ± 0.0025
+    gave a difference of p = 0.066 but a lift of [-0.62, -0.03]; and two looks whose
+    difference intervals were disjoint restarted the difference but not the lift."""
+    rng = np.random.default_rng(12)
+    for _ in range(3_000):
+        c, v = rng.uniform(0.005, 0.5, 2)
+        control = RatioEstimate(c, (c * rng.uniform(0.01, 0.6)) ** 2, 1e4)
+        variant = RatioEstimate(v, (v * rng.uniform(0.01, 0.6)) ** 2, 1e4)
+        assert _agrees(fixed_horizon(control, variant))
+        assert _agrees(sequential(control, variant))
+    pair = (RatioEstimate(0.020, 0.0025**2, 1e4), RatioEstimate(0.0135, 0.0025**2, 1e4))
+    assert fixed_horizon(*pair).lower < 0 < fixed_horizon(*pair).lift_upper
+    tracker = SequentialTracker()
+    looks = [
+        (RatioEstimate(0.14, 2e-4, 1e4), RatioEstimate(0.07, 2e-7, 1e4)),
+        (RatioEstimate(0.066, 2.3e-4, 4e4), RatioEstimate(0.176, 3.3e-6, 4e4)),
+    ]
+    for control, variant in looks:
+        assert _agrees(tracker.update(("k",), sequential(control, variant)))
+    for _ in range(200):  # random walks of looks
+        tracker = SequentialTracker()
+        for n in range(1, 20):
+            c, v = rng.uniform(0.01, 0.3, 2)
+            spread = rng.uniform(0.05, 0.5) / math.sqrt(n)
+            looked = sequential(
+                RatioEstimate(c, (c * spread) ** 2, n * 1e3),
+                RatioEstimate(v, (v * spread) ** 2, n * 1e3),
+            )
+            assert _agrees(tracker.update(("k",), looked))

@@ -126,7 +126,9 @@ def new_families() -> Families:
     ):
         spec["recsys_eval_ab_ndcg_diff" + suffix] = (text, ab)
         spec["recsys_eval_ab_ndcg_lift" + suffix] = (
-            text.replace("Variant minus control", "Relative lift"),
+            text.replace("Variant minus control", "Relative lift (variant / control - 1)").replace(
+                "of the difference", "of the relative lift (Fieller)"
+            ),
             ab,
         )
     spec["recsys_eval_ab_p_value"] = (
