@@ -90,7 +90,7 @@ class ExperimentReadout:
     control: str
     users: dict[str, int]
     requests: dict[str, float]
-    srm_p_value: float
+    srm_p_sequential: float
     """Always valid (:func:`srm_sequential_p_value`): what the exported series and the
     alert use."""
     srm_p_fixed: float

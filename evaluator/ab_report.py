@@ -121,8 +121,8 @@ def ab_json(readouts: list[ExperimentReadout]) -> dict[str, Any]:
             "control": r.control,
             "users": r.users,
             "requests": r.requests,
-            "srm_p_value": _num(r.srm_p_value),
-            "srm_p_fixed": _num(r.srm_p_fixed),
+            "srm_p_value": _num(r.srm_p_fixed),
+            "srm_p_sequential": _num(r.srm_p_sequential),
             "overlap": {
                 variant: {str(k): j for (v, k), j in r.overlap.items() if v == variant}
                 for variant in sorted({v for v, _ in r.overlap})
@@ -164,8 +164,8 @@ def ab_lines(ab: dict[str, Any], k: int) -> list[str]:
         users = " / ".join(f"{v} {n:,}" for v, n in block["users"].items())
         lines.append(
             f"A/B {name} (control {block['control']}): users {users}, "
-            f"SRM p sequential {_p(block['srm_p_value'])}, "
-            f"fixed {_p(block.get('srm_p_fixed'))}"
+            f"SRM p {_p(block['srm_p_value'])} "
+            f"(always valid {_p(block.get('srm_p_sequential'))})"
         )
         for c in block["comparisons"]:
             if c["k"] != k or c["adjusted"]:

@@ -210,10 +210,10 @@ class SequentialTracker:
 
 SRM_CONCENTRATION = 100.0
 """Concentration ``k`` of the Dirichlet mixture of :func:`srm_sequential_p_value` (prior
-``k·share``, as in Lindon & Malek's examples). Simulated at an expected 50/50 split and
-read every 250 users (docs/statistics.md): an arm that gets no traffic is flagged at
-p < 0.001 after ~60 users, a 55/45 split after a median of ~1,750 users, a 51/49 split
-after ~46,000 (1,000 would take ~40,000 for 51/49 but ~150 users for a starved arm)."""
+``k·share``, as in Lindon & Malek's examples). At an expected 50/50 split
+(docs/statistics.md): an arm that gets no traffic is flagged at p < 0.001 after 45
+users, a 55/45 split after a median of ~1,750 users, a 51/49 split after ~46,000
+(``k`` = 1,000 would take ~40,000 for 51/49 but ~150 users for a starved arm)."""
 
 
 def _srm_arms(

@@ -72,7 +72,7 @@ def _srm(users: dict[str, int]) -> tuple[float, float]:
     """The readout's SRM p-values: (sequential, fixed)."""
     experiment = Experiment("srm", control="control")
     readout = read_experiment(experiment, {}, users, ReadoutRules((K,), COLUMNS), _Tracker())
-    return readout.srm_p_value, readout.srm_p_fixed
+    return readout.srm_p_sequential, readout.srm_p_fixed
 
 
 class _Tracker:
@@ -98,11 +98,11 @@ def test_srm_sees_a_configured_arm_that_gets_no_users() -> None:
     rules = ReadoutRules((K,), COLUMNS)
     two = Experiment("ab", frozenset({"A", "B"}), "A", {"A": 0.5, "B": 0.5})
     readout = read_experiment(two, {}, {"A": 5_000}, rules, _Tracker())
-    assert readout.users == {"A": 5_000, "B": 0} and readout.srm_p_value < 1e-9
+    assert readout.users == {"A": 5_000, "B": 0} and readout.srm_p_sequential < 1e-9
     three = Experiment("abc", control="A", split={"A": 0.5, "B": 0.25, "C": 0.25})
     # A:B at 2:1 as the split says, C starved: seen alone A and B would look fine
     readout = read_experiment(three, {}, {"A": 10_000, "B": 5_000}, rules, _Tracker())
-    assert readout.users["C"] == 0 and readout.srm_p_value < 1e-9
+    assert readout.users["C"] == 0 and readout.srm_p_sequential < 1e-9
     # a variant nobody named and nobody saw is no arm: nothing to compare
     unnamed = Experiment("default", control="A")
     assert read_experiment(unnamed, {}, {"A": 5_000}, rules, _Tracker()).users == {"A": 5_000}

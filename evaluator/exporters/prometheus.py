@@ -328,7 +328,7 @@ class WindowCollector(Collector):
 
     def _render(self, fam: Families, readout: ExperimentReadout) -> None:
         name = readout.name
-        fam.add("recsys_eval_srm_p_value", {"experiment": name}, readout.srm_p_value)
+        fam.add("recsys_eval_srm_p_value", {"experiment": name}, readout.srm_p_sequential)
         for variant, n in readout.users.items():
             fam.add("recsys_eval_ab_users", {"experiment": name, "variant": variant}, float(n))
             fam.add(
