@@ -102,6 +102,9 @@ class InvalidReason(enum.StrEnum):
     LIST_TOO_LONG = "list_too_long"
     UNKNOWN_INTERACTION_TYPE = "unknown_interaction_type"
     NEGATIVE_WATCH_TIME = "negative_watch_time"
+    TOO_LARGE_TO_FORWARD = "too_large_to_forward"
+    """Valid, but on another user's partition and larger than the repartition topic or
+    the producer takes (live path only)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,10 @@ class Forwarded:
     partition: int
     key: bytes
     payload: bytes
+    origin: str = ""
+    """Where it was read (``impressions:3``), and at which offset: for its dead letter
+    if the repartition topic refuses it."""
+    offset: int = -1
 
 
 @dataclass(slots=True)
@@ -85,7 +89,7 @@ class Decoder:
             out.rejected += _rejected(batch, kind, items, bad)
             keep = list(range(len(users)))
             if batch.kind != "repartition" and self.partition_of.checks:
-                keep = self._forward(out, kind, partition, users, (raws, bad))
+                keep = self._forward(out, (kind, partition), users, (raws, bad), (batch, items))
             if kind == "impressions":
                 out.impressions = _take_impressions(imps, keep)
             else:
@@ -95,13 +99,15 @@ class Decoder:
     def _forward(
         self,
         out: Routed,
-        kind: str,
-        partition: int,
+        route: tuple[str, int],
         users: list[str],
         decoded: tuple[list[bytes], list[InvalidEvent]],
+        read: tuple[PartitionBatch, list[tuple[int, bytes]]],
     ) -> list[int]:
         """Queue the events of other partitions' users; returns the indexes kept.
-        ``decoded``: the raw payloads and the invalid ones among them."""
+        ``route``: their kind and this partition's number; ``decoded``: the raw payloads
+        and the invalid ones among them; ``read``: the batch and (index, payload) pairs."""
+        kind, partition = route
         raws, bad = decoded
         owners = self.partition_of(users)
         if owners.count(partition) == len(owners):  # producers keyed by user: all mine
@@ -109,12 +115,15 @@ class Decoder:
         invalid = {b.index for b in bad}
         valid = [i for i in range(len(raws)) if i not in invalid]
         tag = KIND_TAG[kind]  # type: ignore[index]
+        batch, items = read
         keep = []
         for j, (uid, p) in enumerate(zip(users, owners, strict=True)):
             if p == partition:
                 keep.append(j)
             else:
-                out.forwarded.append(Forwarded(p, uid.encode(), tag + raws[valid[j]]))
+                at = batch.offset(items[valid[j]][0])
+                raw = raws[valid[j]]
+                out.forwarded.append(Forwarded(p, uid.encode(), tag + raw, batch.partition, at))
         return keep
 
 

@@ -19,13 +19,14 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
 
-from evaluator.batches import PartitionBatch, PipelineStats, Rejected, wall_clock_ms
+from evaluator.batches import TAGS, PartitionBatch, PipelineStats, Rejected, wall_clock_ms
 from evaluator.bounds import ForwardingBounds, fresher
 from evaluator.config import Settings
 from evaluator.curves import BucketCurves
 from evaluator.engine.checkpoint import Delta, Marks, Outcome
 from evaluator.engine.partition import EngineConfig, PartitionEngine
 from evaluator.engine.restore import restore_state
+from evaluator.events import InvalidEvent, InvalidReason
 from evaluator.owned import Owned
 from evaluator.partitioner import PartitionOf
 from evaluator.routing import Decoder, Forwarded
@@ -173,18 +174,29 @@ class Tasks:
 
     # --- processing -------------------------------------------------------------
 
-    def _forward_locally(self, forwarded: list[Forwarded]) -> None:
+    def _forward_locally(self, forwarded: list[Forwarded]) -> list[Forwarded]:
         """Without a repartition topic (the demo, tests): hand forwarded events straight
         to the owning partition's next batch."""
         for f in forwarded:
             self._pending.setdefault(f.partition, []).append(f.payload)
+        return []
+
+    def _too_large(self, refused: list[Forwarded]) -> list[Rejected]:
+        """Dead letters (counted as invalid) for forwards the repartition topic refused."""
+        out = []
+        for f in refused:
+            kind = TAGS[f.payload[:1]]
+            why = InvalidEvent(-1, InvalidReason.TOO_LARGE_TO_FORWARD, f"{len(f.payload)} bytes")
+            out.append(Rejected(kind, f.origin, f.offset, f.payload[1:], why))
+            self.stats.invalid[why.reason.value] += 1
+        return out
 
     def apply(
         self,
         batches: Sequence[PartitionBatch],
         caught_up: Mapping[str, int],
         dead_letter: Callable[[list[Rejected]], None] = lambda rejected: None,
-        forward: Callable[[list[Forwarded]], None] | None = None,
+        forward: Callable[[list[Forwarded]], list[Forwarded]] | None = None,
     ) -> tuple[list[int], list[int]]:
         """Join, finalise and checkpoint every owned partition (those without new
         records too: their event time may advance by idleness). ``caught_up``: inputs
@@ -217,8 +229,10 @@ class Tasks:
             if rejected:
                 dead_letter(rejected)
             if forwarded:  # durable in the repartition topic before the checkpoint
-                forward(forwarded)
-                self.stats.repartitioned += len(forwarded)
+                refused = forward(forwarded)
+                if refused:  # too large for the repartition topic: never accepted
+                    dead_letter(self._too_large(refused))
+                self.stats.repartitioned += len(forwarded) - len(refused)
                 owned.forwarded_ms = now
             owned.done += owned.engine.finalise_due(self.curves.group)
             owned.consumed = owned.consumed or bool(mine)

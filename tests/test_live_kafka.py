@@ -398,3 +398,37 @@ def test_a_repartition_topic_smaller_than_the_inputs_stops_start_up(
             source.partition_count()
     finally:
         source.close()
+
+
+def test_a_forward_refused_as_too_large_is_dead_lettered(
+    kafka_bootstrap, redis_url, tmp_path
+) -> None:
+    """A valid impression compressed by its producer (2.5 MB of JSON in a 2 MB input
+    topic) on the wrong partition: uncompressed, it is over what the repartition topic
+    and the producer take. It is dead-lettered as ``too_large_to_forward`` and the run
+    goes on exact for everything else (before, its forward failed on every retry and the
+    partition stalled)."""
+    from kafka import KafkaProducer
+
+    from evaluator.partitioner import murmur2_partitions
+
+    env = new_env(kafka_bootstrap, redis_url)
+    events, late = dataset(38, env.settings(), requests=120, users=12)
+    produce_events(env, events, 38, invalid=False)
+    big = {**events.impressions[0], "request_id": "huge", "event_id": "huge"}
+    big["item_attributes"] = {"blurb": ["y" * (2_500_000 // len(big["items"]))] * len(big["items"])}
+    (home,) = murmur2_partitions([big["user_id"].encode()], env.partitions)
+    producer = KafkaProducer(
+        bootstrap_servers=env.bootstrap, compression_type="gzip", max_request_size=3_000_000
+    )
+    producer.send(
+        f"{env.name}-impressions",
+        value=json.dumps(big).encode(),
+        partition=(home + 1) % env.partitions,
+    ).get(timeout=30)
+    producer.close()
+    proc = env.start(tmp_path / "run.log")
+    finish(env, events, late, [proc], tmp_path)
+    letters = dead_letters(env)
+    assert [h["reason"] for _, h in letters] == [b"too_large_to_forward"]
+    assert letters[0][1]["source"].startswith(f"{env.name}-impressions/".encode())

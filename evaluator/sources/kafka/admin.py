@@ -86,24 +86,29 @@ def create_topic(
 
 
 def message_bytes(settings: KafkaSettings, topics: list[str]) -> dict[str, int]:
-    """Each topic's ``max.message.bytes`` (its own or the broker's default); empty when
-    the broker does not describe them (no permission): the caller then assumes the
-    defaults."""
-    admin = admin_client(settings)
+    """Each topic's ``max.message.bytes`` (its own or the broker's default), for the
+    topics the broker describes: one it does not (no DescribeConfigs permission, which
+    kafka-python reports as an empty answer) is left out with a warning, and the caller
+    assumes the defaults for it."""
     wanted = {"max.message.bytes": None}
+    found: dict[str, int] = {}
     try:
-        found = admin.describe_configs(
-            [ConfigResource(ConfigResourceType.TOPIC, t, dict(wanted)) for t in topics],
-            config_filter="all",
-        )
-        described = found.get("topic", {})
-        return {
-            t: int(described[t]["max.message.bytes"]["value"])
-            for t in topics
-            if t in described and "max.message.bytes" in described[t]
-        }
-    except (KafkaError, KeyError, TypeError, ValueError) as exc:
-        log.warning("could not read the topics' max.message.bytes (%s); assuming defaults", exc)
-        return {}
-    finally:
-        admin.close()
+        admin = admin_client(settings)
+        try:
+            answer = admin.describe_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, t, dict(wanted)) for t in topics],
+                config_filter="all",
+            )
+        finally:
+            admin.close()
+        described = answer.get("topic", {})
+        for t in topics:
+            value = (described.get(t) or {}).get("max.message.bytes", {}).get("value")
+            if value is not None:
+                found[t] = int(value)
+    except (KafkaError, AttributeError, TypeError, ValueError) as exc:
+        log.warning("could not read the topics' max.message.bytes (%s)", exc)
+    if len(found) < len(topics):
+        missing = ", ".join(t for t in topics if t not in found)
+        log.warning("no max.message.bytes for %s: assuming the broker's default", missing)
+    return found

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from kafka.coordinator.assignors.range import RangePartitionAssignor
+from kafka.errors import MessageSizeTooLargeError, RecordListTooLargeError
 from kafka.structs import OffsetAndMetadata
 
 from evaluator.batches import Kind, PartitionBatch, Rejected
@@ -27,10 +28,23 @@ from evaluator.sources.kafka.admin import (
     resolvable,
     security,
 )
-from evaluator.sources.kafka.sink import acknowledged, dead_letter_record, make_producer
+from evaluator.sources.kafka.sink import (
+    SEND_TIMEOUT_S,
+    acknowledged,
+    dead_letter_record,
+    make_producer,
+)
 from evaluator.timeutil import parse_duration_ms
 
 log = logging.getLogger(__name__)
+
+TOO_LARGE = (MessageSizeTooLargeError, RecordListTooLargeError)
+"""Refusals that no retry can overcome."""
+
+
+def _refused(forwarded: Forwarded, exc: Exception, refused: list[Forwarded]) -> None:
+    log.warning("a forwarded event of %d bytes was refused: %s", len(forwarded.payload), exc)
+    refused.append(forwarded)
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -151,8 +165,9 @@ class KafkaSource:
     def _check_repartition(self, partitions: int) -> None:
         """The repartition topic must have the inputs' partition count and take every
         message they take, with room for the key and tag a forward adds: created so when
-        missing, else start-up stops naming it (a valid event it refused would be sent
-        again on every retry, and its partition would stall)."""
+        missing, else start-up stops naming it. (What it still refuses, e.g. a message
+        compressed by its producer and too large uncompressed, is dead-lettered by
+        :meth:`forward`'s caller: sent again it would fail forever.)"""
         inputs = [self.settings.impressions_topic, self.settings.interactions_topic]
         topic = self.settings.repartition()
         largest = max(message_bytes(self.settings, inputs).values(), default=MESSAGE_BYTES)
@@ -169,8 +184,9 @@ class KafkaSource:
         if taken is not None and taken < largest:
             raise ConfigError(
                 f"kafka.repartition_topic {topic!r} takes messages up to {taken} bytes, the "
-                f"input topics up to {largest}: set its max.message.bytes to {needed}, or "
-                f"delete it (it is created so)"
+                f"input topics up to {largest}: raise its max.message.bytes to {needed} "
+                f"(kafka-configs --alter --entity-type topics --entity-name {topic} "
+                f"--add-config max.message.bytes={needed})"
             )
         self._forward_bytes = max(MESSAGE_BYTES, needed)
 
@@ -187,16 +203,29 @@ class KafkaSource:
         self._await_metadata([topic], 30.0)
         return len(self.consumer.partitions_for_topic(topic) or ()) or partitions
 
-    def forward(self, forwarded: Sequence[Forwarded]) -> None:
+    def forward(self, forwarded: Sequence[Forwarded]) -> list[Forwarded]:
         """Send events to their user's partition of the repartition topic, durably
-        (flushed) before the checkpoint that moves past them."""
+        (flushed) before the checkpoint that moves past them. Returns those refused as
+        too large (by the producer or the broker: sent again they would fail forever),
+        for the caller to dead-letter; any other failure raises."""
         producer = self._ensure_producer()
         topic = self.settings.repartition()
-        sent = [
-            producer.send(topic, value=f.payload, key=f.key, partition=f.partition)
-            for f in forwarded
-        ]
-        acknowledged(producer, sent)
+        refused: list[Forwarded] = []
+        sent = []
+        for f in forwarded:
+            try:  # the producer's own size check raises here, the broker's at get()
+                future = producer.send(topic, value=f.payload, key=f.key, partition=f.partition)
+            except TOO_LARGE as exc:
+                _refused(f, exc, refused)
+            else:
+                sent.append((f, future))
+        producer.flush()
+        for f, future in sent:
+            try:
+                future.get(timeout=SEND_TIMEOUT_S)
+            except TOO_LARGE as exc:
+                _refused(f, exc, refused)
+        return refused
 
     def seek(self, resume: dict[int, dict[str, int]]) -> None:
         """Move each (partition number, kind) to its checkpointed offset. An input never
