@@ -146,7 +146,12 @@ class WindowCollector(Collector):
         )
         label = self.window_label.get(window, format_duration_ms(window))
         starts = self._bucket_starts(window, frontier)
-        coverage = self._coverage(window, starts, [v for v in totals if v != OTHER])
+        variants = [v for v in totals if v != OTHER]
+        compared = [(e.name, *e.arms(variants)) for e in self.experiments]
+        compared = [c for c in compared if c[2]]
+        ks = self.layout.ks
+        groups = sorted({(v, c, k) for _, c, others in compared for v in others for k in ks})
+        coverage, counts, unions = self._sketched(window, starts, variants, groups)
         for variant, block in totals.items():
             for k in self.layout.ks:
                 fam.add(
@@ -155,18 +160,17 @@ class WindowCollector(Collector):
                     coverage.get((variant, k), math.nan),
                 )
             self._variant(fam, variant, block, label, coverage)
-        for experiment in self.experiments:
-            control, others = experiment.arms(v for v in totals if v != OTHER)
-            if others:
-                self._overlap(
-                    fam,
-                    window,
-                    starts,
-                    label,
-                    experiment=experiment.name,
-                    control=control,
-                    others=others,
-                )
+        for experiment, control, others in compared:
+            for variant in others:
+                for k in self.layout.ks:
+                    union = unions[(variant, control, k)]
+                    both = counts[(variant, k)] + counts[(control, k)] - union
+                    labels = {"experiment": experiment, "variant": variant, "control": control}
+                    fam.add(
+                        "recsys_eval_ab_overlap",
+                        {**labels, "k": str(k), "window": label, "measure": "jaccard"},
+                        max(0.0, both) / union if union else math.nan,
+                    )
 
     def _cached(
         self, key: tuple[int, str], compute: Callable[[], Any], done: Callable[[Any], bool] = bool
@@ -182,59 +186,31 @@ class WindowCollector(Collector):
         self._sketches[key] = (now, value)
         return value
 
-    def _coverage(
-        self, window: int, starts: list[int], variants: list[str]
-    ) -> dict[tuple[str, int], float]:
-        """Coverage per (variant, k)."""
-        counts, catalog_seen = self._cached(
-            (window, "items:" + ",".join(variants)),
-            lambda: self.store.distinct_items(window, starts, variants),
-        )
+    def _sketched(
+        self,
+        window: int,
+        starts: list[int],
+        variants: list[str],
+        groups: list[tuple[str, str, int]],
+    ) -> tuple[dict[Any, float], dict[Any, float], dict[tuple[str, str, int], float]]:
+        """Coverage and distinct items per (variant, k), and the unions of the item sets
+        of each (variant, control, k) behind Jaccard@K (|A ∩ B| = |A| + |B| − |A ∪ B|).
+        Read together, for the same buckets, and kept ``sketch_refresh_s``: read at
+        different refreshes they could describe different windows (an overlap below 0
+        or above 1)."""
+
+        def read() -> tuple[dict[Any, float], float, dict[tuple[str, str, int], float]]:
+            counts, catalog_seen = self.store.distinct_items(window, starts, variants)
+            unions = self.store.distinct_unions(window, starts, groups) if groups else []
+            return counts, catalog_seen, dict(zip(groups, unions, strict=True))
+
+        key = "items:" + ",".join(variants) + "|" + ";".join(map(str, groups))
+        counts, catalog_seen, unions = self._cached((window, key), read)
         catalog = float(self.settings.metrics.catalog_size) or catalog_seen
         coverage = {
             key: min(1.0, n / catalog) if catalog else math.nan for key, n in counts.items()
         }
-        return coverage
-
-    def _overlap(
-        self,
-        fam: Families,
-        window: int,
-        starts: list[int],
-        label: str,
-        *,
-        experiment: str,
-        control: str,
-        others: list[str],
-    ) -> None:
-        """Jaccard@K between each variant's and the control's item sets (sketch-based:
-        |A ∩ B| = |A| + |B| − |A ∪ B|). The counts and the unions are read together, for
-        the same buckets: read at different refreshes they could describe different
-        windows (and give an overlap below 0 or above 1)."""
-        groups = [(v, control, k) for v in others for k in self.layout.ks]
-        arms = [control, *others]
-        counts, unions = self._cached(
-            (window, "overlap:" + ",".join(arms)),
-            lambda: (
-                self.store.distinct_items(window, starts, arms)[0],
-                self.store.distinct_unions(window, starts, groups),
-            ),
-            done=lambda value: bool(value[1]),
-        )
-        for (variant, _, k), union in zip(groups, unions, strict=True):
-            both = counts[(variant, k)] + counts[(control, k)] - union
-            fam.add(
-                "recsys_eval_ab_overlap",
-                {
-                    "experiment": experiment,
-                    "variant": variant,
-                    "control": control,
-                    "k": str(k),
-                    "window": label,
-                    "measure": "jaccard",
-                },
-                max(0.0, both) / union if union else math.nan,
-            )
+        return coverage, counts, unions
 
     def _bucket_starts(self, window: int, frontier: int) -> list[int]:
         width = self.layout.bucket_width(window)
