@@ -127,6 +127,16 @@ class Decoder:
         return keep
 
 
+def refused_letters(refused: list[Forwarded]) -> list[Rejected]:
+    """Dead letters for forwards the repartition topic refused as too large: valid
+    events, but sent again they would fail forever."""
+    out = []
+    for f in refused:
+        why = InvalidEvent(-1, InvalidReason.TOO_LARGE_TO_FORWARD, f"{len(f.payload)} bytes")
+        out.append(Rejected(TAGS[f.payload[:1]], f.origin, f.offset, f.payload[1:], why))
+    return out
+
+
 def _rejected(
     batch: PartitionBatch, kind: str, items: list[tuple[int, bytes]], bad: list[InvalidEvent]
 ) -> list[Rejected]:

@@ -19,17 +19,17 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
 
-from evaluator.batches import TAGS, PartitionBatch, PipelineStats, Rejected, wall_clock_ms
+from evaluator.batches import PartitionBatch, PipelineStats, Rejected, wall_clock_ms
 from evaluator.bounds import ForwardingBounds, fresher
 from evaluator.config import Settings
 from evaluator.curves import BucketCurves
 from evaluator.engine.checkpoint import Delta, Marks, Outcome
 from evaluator.engine.partition import EngineConfig, PartitionEngine
 from evaluator.engine.restore import restore_state
-from evaluator.events import InvalidEvent, InvalidReason
+from evaluator.events import InvalidReason
 from evaluator.owned import Owned
 from evaluator.partitioner import PartitionOf
-from evaluator.routing import Decoder, Forwarded
+from evaluator.routing import Decoder, Forwarded, refused_letters
 from evaluator.runtime import long_lived
 from evaluator.stores.base import StateStore
 from evaluator.timeutil import parse_duration_ms
@@ -181,16 +181,6 @@ class Tasks:
             self._pending.setdefault(f.partition, []).append(f.payload)
         return []
 
-    def _too_large(self, refused: list[Forwarded]) -> list[Rejected]:
-        """Dead letters (counted as invalid) for forwards the repartition topic refused."""
-        out = []
-        for f in refused:
-            kind = TAGS[f.payload[:1]]
-            why = InvalidEvent(-1, InvalidReason.TOO_LARGE_TO_FORWARD, f"{len(f.payload)} bytes")
-            out.append(Rejected(kind, f.origin, f.offset, f.payload[1:], why))
-            self.stats.invalid[why.reason.value] += 1
-        return out
-
     def apply(
         self,
         batches: Sequence[PartitionBatch],
@@ -231,7 +221,9 @@ class Tasks:
             if forwarded:  # durable in the repartition topic before the checkpoint
                 refused = forward(forwarded)
                 if refused:  # too large for the repartition topic: never accepted
-                    dead_letter(self._too_large(refused))
+                    letters = refused_letters(refused)
+                    self.stats.invalid[InvalidReason.TOO_LARGE_TO_FORWARD.value] += len(letters)
+                    dead_letter(letters)
                 self.stats.repartitioned += len(forwarded) - len(refused)
                 owned.forwarded_ms = now
             owned.done += owned.engine.finalise_due(self.curves.group)
