@@ -8,9 +8,11 @@ composition root (the CLI); the core receives plain values.
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import tomllib
+import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -62,12 +64,52 @@ def masked(settings: Settings) -> dict[str, Any]:
     return tree
 
 
-def _parse_env_value(text: str) -> Any:
-    """Interpret an environment value as a TOML value when it is one, else as a string."""
+def _parse_env_value(text: str, hint: Any = None) -> Any:
+    """An environment value for a setting of type ``hint``: kept as written where the
+    setting takes text (a password of digits, a group id, a duration, an instant), an
+    integer where it takes either (``ab.experiments.X.start``), else read as a TOML
+    value when it is one (``[5, 10]``, ``0.1``, ``true``), else as a string."""
+    takes = _types(hint)
     try:
-        return tomllib.loads(f"v = {text}")["v"]
+        value = tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
+    if str in takes and not (int in takes and type(value) is int):
+        return text
+    return value
+
+
+def _types(hint: Any) -> set[Any]:
+    """The plain types a type hint accepts (``str`` for a Literal of strings)."""
+    if hint is None:
+        return set()
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        return {type(v) for v in typing.get_args(hint)}
+    if origin in (typing.Union, types.UnionType):
+        return set().union(*(_types(arg) for arg in typing.get_args(hint)))
+    if origin is typing.Annotated:
+        return _types(typing.get_args(hint)[0])
+    return {origin or hint}
+
+
+def _env_path(parts: list[str]) -> tuple[list[str], Any]:
+    """The configuration path of an environment variable's parts, and the type of the
+    setting it names (None when unknown). Settings' own keys are lower-cased; the keys
+    of a table the user names (experiments, variants of a split, profiles, grades)
+    keep the case written."""
+    node: Any = Settings
+    path = []
+    for part in parts:
+        if isinstance(node, type) and issubclass(node, msgspec.Struct):
+            key = part.lower()
+            node = typing.get_type_hints(node).get(key)
+        elif typing.get_origin(node) is dict:
+            key, node = part, typing.get_args(node)[1]
+        else:
+            key, node = part.lower(), None
+        path.append(key)
+    return path, node
 
 
 def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
@@ -86,9 +128,21 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     for name, text in environ.items():
         if not name.startswith(ENV_PREFIX) or "__" not in name:
             continue
-        path = name[len(ENV_PREFIX) :].lower().split("__")
-        _set_path(tree, path, _parse_env_value(text))
+        path, hint = _env_path(name[len(ENV_PREFIX) :].split("__"))
+        _set_path(tree, path, _parse_env_value(text, hint))
     return tree
+
+
+def _plain(value: Any) -> Any:
+    """The tree with TOML dates and times as ISO 8601 text (an instant setting such as
+    ``start = 2026-12-01T00:00:00Z`` is read from that text)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, datetime.date | datetime.time):
+        return value.isoformat()
+    return value
 
 
 def merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
@@ -108,7 +162,7 @@ _AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$\.?(?P<path>[^`]*)`)?$", re.DOTALL)
 def build_settings(tree: Mapping[str, Any]) -> Settings:
     """Validate a configuration tree; errors name the key."""
     try:
-        return msgspec.convert(dict(tree), Settings, strict=False)
+        return msgspec.convert(_plain(dict(tree)), Settings, strict=False)
     except msgspec.ValidationError as exc:
         match = _AT.match(str(exc))
         assert match is not None

@@ -209,3 +209,60 @@ def test_state_ttl_must_outlast_an_open_request() -> None:
 def test_ab_settings_are_validated(ab, needle) -> None:
     with pytest.raises(ConfigError, match=needle):
         load_settings(environ={}, overrides={"ab": ab})
+
+
+def test_environment_values_keep_their_text_where_a_setting_takes_text() -> None:
+    """A Kubernetes Secret of digits is a password, not a number; a group id of digits
+    is a group id; an instant is an instant (read as TOML they were an int, a
+    datetime: the start-up stopped). Numbers, lists and booleans are still read as such."""
+    settings = load_settings(
+        environ={
+            "EVALUATOR_REDIS__PASSWORD": "12345678",
+            "EVALUATOR_KAFKA__SASL_PASSWORD": '"quoted"',
+            "EVALUATOR_KAFKA__GROUP_ID": "123",
+            "EVALUATOR_AB__CONTROL": "1",
+            "EVALUATOR_AB__EXPERIMENTS__X__START": "2026-12-01T00:00:00Z",
+            "EVALUATOR_AB__EXPERIMENTS__X__END": "1798761600000",
+            "EVALUATOR_HTTP__PORT": "9100",
+            "EVALUATOR_METRICS__K": "[5, 10]",
+            "EVALUATOR_REDIS__CLUSTER": "true",
+        }
+    )
+    assert settings.redis.password == "12345678"
+    assert settings.kafka.sasl_password == '"quoted"'
+    assert settings.kafka.group_id == "123" and settings.ab.control == "1"
+    x = settings.ab.experiments["X"]
+    assert (x.start, x.end) == ("2026-12-01T00:00:00Z", 1_798_761_600_000)
+    assert settings.http.port == 9100 and settings.metrics.k == [5, 10]
+    assert settings.redis.cluster is True
+
+
+def test_environment_keeps_the_case_of_names_the_user_chose(tmp_path) -> None:
+    """Experiment and variant names are case-sensitive: only the settings' own keys are
+    lower-cased (before, ``...__SPLIT__Treatment`` gave a variant ``treatment`` with no
+    traffic, and the SRM alert fired)."""
+    path = tmp_path / "c.toml"
+    path.write_text('[ab.experiments.Homepage]\ncontrol = "A"\n')
+    settings = load_settings(
+        path,
+        environ={
+            "EVALUATOR_AB__EXPERIMENTS__Homepage__CONTROL": "Control",
+            "EVALUATOR_AB__SPLIT__Treatment": "0.5",
+            "EVALUATOR_AB__SPLIT__Control": "0.5",
+        },
+    )
+    assert list(settings.ab.experiments) == ["Homepage"]
+    assert settings.ab.experiments["Homepage"].control == "Control"
+    assert settings.ab.split == {"Treatment": 0.5, "Control": 0.5}
+
+
+def test_a_toml_date_time_is_an_instant(tmp_path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text("[ab.experiments.X]\nstart = 2026-12-01T00:00:00Z\n")
+    from datetime import UTC, datetime
+
+    want = int(datetime(2026, 12, 1, tzinfo=UTC).timestamp() * 1000)
+    assert load_settings(path, environ={}).ab.experiments["X"].start_ms() == want
+    path.write_text("[ab.experiments.X]\nstart = 2026-12-01T00:00:00\n")
+    with pytest.raises(ConfigError, match="no time zone"):
+        load_settings(path, environ={})
