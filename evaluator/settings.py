@@ -188,6 +188,10 @@ class ColdStartSettings(msgspec.Struct, forbid_unknown_fields=True):
             raise ValueError("min_relevant_history must be >= 0")
 
 
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+"""The SASL mechanisms that work with a user name and password (the settings given)."""
+
+
 class KafkaSettings(msgspec.Struct, forbid_unknown_fields=True):
     bootstrap_servers: str = "localhost:9092"
     group_id: str = "recsys-evaluator"
@@ -221,7 +225,22 @@ class KafkaSettings(msgspec.Struct, forbid_unknown_fields=True):
         if self.max_poll_records < 1:
             raise ValueError("max_poll_records must be >= 1")
         _duration("poll_timeout", self.poll_timeout)
-        _duration("session_timeout", self.session_timeout)
+        if not 6_000 <= _duration("session_timeout", self.session_timeout) <= 1_800_000:
+            raise ValueError(
+                "session_timeout must be in 6s..30m (the broker's default "
+                "group.min.session.timeout.ms and group.max.session.timeout.ms)"
+            )
+        sasl = self.security_protocol.startswith("SASL_")
+        if sasl and self.sasl_mechanism not in SASL_MECHANISMS:
+            raise ValueError(
+                f"sasl_mechanism must be one of {', '.join(SASL_MECHANISMS)} with "
+                f"security_protocol {self.security_protocol}, got {self.sasl_mechanism!r}"
+            )
+        if not sasl and self.sasl_mechanism:
+            raise ValueError(
+                f"sasl_mechanism {self.sasl_mechanism!r} needs security_protocol "
+                "SASL_PLAINTEXT or SASL_SSL"
+            )
 
 
 class RedisSettings(msgspec.Struct, forbid_unknown_fields=True):
@@ -265,9 +284,8 @@ class RedisSettings(msgspec.Struct, forbid_unknown_fields=True):
         if not 0 <= _duration("checkpoint_interval", self.checkpoint_interval) <= 60_000:
             raise ValueError("checkpoint_interval must be in 0..1m")
         if not self.url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(
-                f"url must start with redis://, rediss:// or unix://, got {self.url!r}"
-            )
+            shown = "***@" + self.url.rsplit("@", 1)[1] if "@" in self.url else self.url
+            raise ValueError(f"url must start with redis://, rediss:// or unix://, got {shown!r}")
         if not 1 <= self.shards <= 1024:
             raise ValueError("shards must be in 1..1024")
 

@@ -266,3 +266,33 @@ def test_a_toml_date_time_is_an_instant(tmp_path) -> None:
     path.write_text("[ab.experiments.X]\nstart = 2026-12-01T00:00:00\n")
     with pytest.raises(ConfigError, match="no time zone"):
         load_settings(path, environ={})
+
+
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        ({"EVALUATOR_KAFKA__SESSION_TIMEOUT": "1s"}, "kafka: session_timeout"),
+        ({"EVALUATOR_KAFKA__SESSION_TIMEOUT": "2h"}, "kafka: session_timeout"),
+        ({"EVALUATOR_KAFKA__SECURITY_PROTOCOL": "SASL_SSL"}, "sasl_mechanism must be one of"),
+        (
+            {
+                "EVALUATOR_KAFKA__SECURITY_PROTOCOL": "SASL_SSL",
+                "EVALUATOR_KAFKA__SASL_MECHANISM": "X",
+            },
+            "sasl_mechanism must be one of",
+        ),
+        ({"EVALUATOR_KAFKA__SASL_MECHANISM": "PLAIN"}, "needs security_protocol"),
+    ],
+)
+def test_kafka_settings_that_can_never_connect_stop_start_up(env, needle) -> None:
+    """Before, these passed ``config check`` and ``run`` then retried forever (kafka-python
+    refuses a heartbeat of 1 s with a session of 1 s, and a SASL protocol without a
+    mechanism)."""
+    with pytest.raises(ConfigError, match=needle):
+        load_settings(environ=env)
+
+
+def test_a_mistyped_redis_url_does_not_print_its_password() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(environ={"EVALUATOR_REDIS__URL": "redis:/:s3cretpw@redis:6379/0"})
+    assert "s3cretpw" not in str(caught.value) and "redis: url" in str(caught.value)

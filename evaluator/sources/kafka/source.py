@@ -14,7 +14,11 @@ from collections.abc import Callable, Sequence
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from kafka.coordinator.assignors.range import RangePartitionAssignor
-from kafka.errors import MessageSizeTooLargeError, RecordListTooLargeError
+from kafka.errors import (
+    KafkaConfigurationError,
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+)
 from kafka.structs import OffsetAndMetadata
 
 from evaluator.batches import Kind, PartitionBatch, Rejected
@@ -92,23 +96,26 @@ class KafkaSource:
         if settings.partitioner != "trust":
             self.kinds[settings.repartition()] = "repartition"
         resolvable(settings.bootstrap_servers)
-        self.consumer = KafkaConsumer(
-            bootstrap_servers=settings.bootstrap_servers.split(","),
-            group_id=settings.group_id,
-            client_id=settings.client_id,
-            enable_auto_commit=False,
-            auto_offset_reset=settings.auto_offset_reset,
-            max_poll_records=settings.max_poll_records,
-            session_timeout_ms=parse_duration_ms(settings.session_timeout),
-            heartbeat_interval_ms=max(1000, parse_duration_ms(settings.session_timeout) // 10),
-            # per topic, the same partition numbers to the same member: co-partitioned
-            # topics give each member whole partitions (a user's events of both kinds)
-            partition_assignment_strategy=[RangePartitionAssignor],
-            # a missing topic is an error (or, for the repartition topic, created with
-            # the right partition count), never auto-created with the broker's default
-            allow_auto_create_topics=False,
-            **security(settings),
-        )
+        try:
+            self.consumer = KafkaConsumer(
+                bootstrap_servers=settings.bootstrap_servers.split(","),
+                group_id=settings.group_id,
+                client_id=settings.client_id,
+                enable_auto_commit=False,
+                auto_offset_reset=settings.auto_offset_reset,
+                max_poll_records=settings.max_poll_records,
+                session_timeout_ms=parse_duration_ms(settings.session_timeout),
+                heartbeat_interval_ms=max(1000, parse_duration_ms(settings.session_timeout) // 10),
+                # per topic, the same partition numbers to the same member: co-partitioned
+                # topics give each member whole partitions (a user's events of both kinds)
+                partition_assignment_strategy=[RangePartitionAssignor],
+                # a missing topic is an error (or, for the repartition topic, created with
+                # the right partition count), never auto-created with the broker's default
+                allow_auto_create_topics=False,
+                **security(settings),
+            )
+        except KafkaConfigurationError as exc:  # a retry cannot help: one line, exit 2
+            raise ConfigError(f"kafka: {exc}") from None
         self.awaiting_since: float | None = time.monotonic()
         """When the group started (re)balancing without an assignment yet; None when settled."""
         self._ends: dict[TopicPartition, int] = {}
