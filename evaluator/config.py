@@ -9,6 +9,7 @@ composition root (the CLI); the core receives plain values.
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import re
 import tomllib
@@ -133,15 +134,18 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     return tree
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: Any, path: str = "") -> Any:
     """The tree with TOML dates and times as ISO 8601 text (an instant setting such as
-    ``start = 2026-12-01T00:00:00Z`` is read from that text)."""
+    ``start = 2026-12-01T00:00:00Z`` is read from that text); a number that is not
+    finite (``nan``, ``inf``: TOML has both) is a ConfigError naming its key."""
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: _plain(v, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
     if isinstance(value, list):
-        return [_plain(v) for v in value]
+        return [_plain(v, f"{path}[{i}]") for i, v in enumerate(value)]
     if isinstance(value, datetime.date | datetime.time):
         return value.isoformat()
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"invalid configuration at {path}: {value} is not a finite number")
     return value
 
 

@@ -13,6 +13,10 @@ import msgspec
 ProfileKind = Literal["table", "binary", "video"]
 
 
+MAX_GRADE = 100
+"""The largest grade: exponential gain ``2^grade − 1`` stays far from overflowing."""
+
+
 class RelevanceProfile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """How interactions map to grades.
 
@@ -30,8 +34,8 @@ class RelevanceProfile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         if self.kind == "table" and not self.grades:
             raise ValueError(f"profile {self.name!r}: a table profile needs grades")
-        if any(g < 0 for g in self.grades.values()):
-            raise ValueError(f"profile {self.name!r}: grades must be >= 0")
+        if not all(0 <= g <= MAX_GRADE for g in self.grades.values()):
+            raise ValueError(f"profile {self.name!r}: grades must be in 0..{MAX_GRADE}")
         if self.target_duration_ms <= 0:
             raise ValueError(f"profile {self.name!r}: target_duration_ms must be > 0")
 

@@ -296,3 +296,21 @@ def test_a_mistyped_redis_url_does_not_print_its_password() -> None:
     with pytest.raises(ConfigError) as caught:
         load_settings(environ={"EVALUATOR_REDIS__URL": "redis:/:s3cretpw@redis:6379/0"})
     assert "s3cretpw" not in str(caught.value) and "redis: url" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ('[relevance]\nprofile = "x"\n[relevance.profiles.x]\ngrades = {click = nan}\n', "click"),
+        ("[ab]\ntuning = inf\n", "ab.tuning"),
+        ("[ab]\nmin_effective_buckets = nan\n", "ab.min_effective_buckets"),
+        ('[relevance]\nprofile = "x"\n[relevance.profiles.x]\ngrades = {click = 5000}\n', "0..100"),
+    ],
+)
+def test_numbers_that_are_not_finite_or_absurd_are_refused(tmp_path, text, needle) -> None:
+    """Before, a grade of nan made every request unengaged and nDCG 0, silently; inf
+    gave n/a with a warning."""
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=needle):
+        load_settings(path, environ={})
