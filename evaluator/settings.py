@@ -18,7 +18,7 @@ from evaluator.metrics.ndcg import GainKind
 from evaluator.propensity import NoBias, PositionTable, PropensityModel, parse_propensity
 from evaluator.propensity_estimation import Estimator
 from evaluator.relevance import BUILTIN_PROFILES, ProfileKind, RelevanceProfile
-from evaluator.scoring import ScoringConfig
+from evaluator.scoring import METRICS, ScoringConfig
 from evaluator.timeutil import format_duration_ms, parse_duration_ms, parse_instant_ms
 from evaluator.windows import AggregateLayout
 
@@ -120,9 +120,23 @@ class MetricsSettings(msgspec.Struct, forbid_unknown_fields=True):
         self.k = sorted(set(self.k))
         if self.catalog_size < 0:
             raise ValueError("catalog_size must be >= 0")
-        bad = [n for n in self.composite if not re.fullmatch(r"[a-z_]+(@\d+)?", n)]
+        if self.composite == DEFAULT_COMPOSITE and 10 not in self.k:  # the default follows k
+            self.composite = {
+                f"{name.split('@')[0]}@{self.k[0]}": w for name, w in self.composite.items()
+            }
+        known = (*METRICS, "coverage", "diversity")
+        bad = [
+            n
+            for n in self.composite
+            if not (m := re.fullmatch(r"([a-z_]+)@(\d+)", n))
+            or m[1] not in known
+            or int(m[2]) not in self.k
+        ]
         if bad:
-            raise ValueError(f"composite: bad metric name(s) {bad}; use e.g. 'ndcg@10'")
+            raise ValueError(
+                f"composite: unknown metric(s) {bad}: use metric@K with a metric among "
+                f"{', '.join(known)} and K in k {self.k}"
+            )
 
 
 class PropensitySettings(msgspec.Struct, forbid_unknown_fields=True):

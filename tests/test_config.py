@@ -314,3 +314,16 @@ def test_numbers_that_are_not_finite_or_absurd_are_refused(tmp_path, text, needl
     path.write_text(text)
     with pytest.raises(ConfigError, match=needle):
         load_settings(path, environ={})
+
+
+def test_composite_names_are_checked_and_the_default_follows_k() -> None:
+    """A typo, a K not in metrics.k or a bare set-level name made the live composite
+    series disappear (NaN) without a word; replay --k 5 showed the default's n/a."""
+    assert load_settings(environ={"EVALUATOR_METRICS__K": "[5]"}).metrics.composite == {
+        "ndcg@5": 0.7,
+        "coverage@5": 0.2,
+        "diversity@5": 0.1,
+    }
+    for name in ("ndgc@10", "ndcg@30", "coverage"):
+        with pytest.raises(ConfigError, match="composite: unknown metric"):
+            load_settings(environ={f"EVALUATOR_METRICS__COMPOSITE__{name}": "1"})
