@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -305,10 +306,19 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         holder: list[Simulator] = []
 
         def produce() -> None:
+            while not stop.is_set():  # the broker may come up after the demo
+                try:
+                    sink = KafkaSink(settings.kafka)
+                    break
+                except ConnectionError as exc:
+                    logging.getLogger("evaluator.demo").warning("%s; retrying", exc)
+                    stop.wait(2.0)
+            else:
+                return
             holder.append(
                 simulate(
                     config,
-                    KafkaSink(settings.kafka),
+                    sink,
                     args.requests,
                     rate=args.rate * 4,
                     stop=stop,

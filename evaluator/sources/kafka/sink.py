@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from kafka import KafkaProducer
+from kafka.errors import KafkaError
 
 from evaluator.batches import Kind, Rejected
 from evaluator.config import KafkaSettings
@@ -42,21 +43,27 @@ def acknowledged(producer: KafkaProducer, sent: list[Any]) -> None:
 
 
 class KafkaSink:
-    """Producer of simulated (or replayed) events onto the impressions/interactions topics."""
+    """Producer of simulated (or replayed) events onto the impressions/interactions topics
+    (a ConnectionError when no broker answers)."""
 
     def __init__(self, settings: KafkaSettings) -> None:
         self.topics: dict[Kind, str] = {
             "impressions": settings.impressions_topic,
             "interactions": settings.interactions_topic,
         }
-        self._producer = KafkaProducer(
-            bootstrap_servers=settings.bootstrap_servers.split(","),
-            client_id=settings.client_id + "-simulator",
-            acks="all",
-            linger_ms=20,
-            batch_size=256 * 1024,
-            **security(settings),
-        )
+        try:
+            self._producer = KafkaProducer(
+                bootstrap_servers=settings.bootstrap_servers.split(","),
+                client_id=settings.client_id + "-simulator",
+                acks="all",
+                linger_ms=20,
+                batch_size=256 * 1024,
+                **security(settings),
+            )
+        except KafkaError as exc:  # the environment, not a bug: one line, exit 2
+            raise ConnectionError(
+                f"kafka.bootstrap_servers {settings.bootstrap_servers}: no broker reachable ({exc})"
+            ) from None
 
     def send(self, kind: Kind, key: bytes, payload: bytes) -> None:
         """Queue one message, keyed by user so a user's events stay in one partition."""
