@@ -302,6 +302,8 @@ class RedisSettings(msgspec.Struct, forbid_unknown_fields=True):
             raise ValueError(f"url must start with redis://, rediss:// or unix://, got {shown!r}")
         if not 1 <= self.shards <= 1024:
             raise ValueError("shards must be in 1..1024")
+        if not 0 <= self.retry_attempts <= 100:
+            raise ValueError("retry_attempts must be in 0..100 (redis-py retries forever below 0)")
 
 
 class EventTimeSettings(msgspec.Struct, forbid_unknown_fields=True):
@@ -342,6 +344,15 @@ class WindowSettings(msgspec.Struct, forbid_unknown_fields=True):
         return shortest.strip() if isinstance(shortest, str) else format_duration_ms(shortest)
 
 
+def _check_split(split: dict[str, float]) -> None:
+    """Shares are >= 0 and, when given, some is > 0 (an all-zero split expects no traffic
+    anywhere: the SRM test would be NaN)."""
+    if any(s < 0 for s in split.values()):
+        raise ValueError("split shares must be >= 0")
+    if split and not any(s > 0 for s in split.values()):
+        raise ValueError("split: at least one share must be > 0")
+
+
 class ExperimentSettings(msgspec.Struct, forbid_unknown_fields=True):
     control: str = ""
     """Control variant of this experiment; empty: its alphabetically first variant."""
@@ -360,14 +371,17 @@ class ExperimentSettings(msgspec.Struct, forbid_unknown_fields=True):
         start, end = self.start_ms(), self.end_ms()
         if start is not None and end is not None and end <= start:
             raise ValueError("end must be after start")
-        if any(s < 0 for s in self.split.values()):
-            raise ValueError("split shares must be >= 0")
+        _check_split(self.split)
 
     def start_ms(self) -> int | None:
         return _instant("start", self.start)
 
     def end_ms(self) -> int | None:
         return _instant("end", self.end)
+
+
+MAX_VARIANTS = 200
+"""The most variants exported by name (each multiplies the A/B and window series)."""
 
 
 class ABSettings(msgspec.Struct, forbid_unknown_fields=True):
@@ -408,8 +422,9 @@ class ABSettings(msgspec.Struct, forbid_unknown_fields=True):
             raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
         if self.tuning <= 0:
             raise ValueError("tuning must be > 0")
-        if self.max_variants < 1:
-            raise ValueError("max_variants must be >= 1")
+        if not 1 <= self.max_variants <= MAX_VARIANTS:
+            raise ValueError(f"max_variants must be in 1..{MAX_VARIANTS} (a label's values)")
+        _check_split(self.split)
         _duration("exposure_ttl", self.exposure_ttl)
 
     def experiment_list(self) -> tuple[Experiment, ...]:

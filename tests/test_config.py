@@ -327,3 +327,19 @@ def test_composite_names_are_checked_and_the_default_follows_k() -> None:
     for name in ("ndgc@10", "ndcg@30", "coverage"):
         with pytest.raises(ConfigError, match="composite: unknown metric"):
             load_settings(environ={f"EVALUATOR_METRICS__COMPOSITE__{name}": "1"})
+
+
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        ({"EVALUATOR_REDIS__RETRY_ATTEMPTS": "-3"}, "retry_attempts"),
+        ({"EVALUATOR_AB__MAX_VARIANTS": "100000"}, "max_variants"),
+        ({"EVALUATOR_AB__SPLIT__A": "0", "EVALUATOR_AB__SPLIT__B": "0"}, "at least one share"),
+        ({"EVALUATOR_AB__EXPERIMENTS__X__SPLIT__A": "0"}, "at least one share"),
+    ],
+)
+def test_bounds_of_counts_and_shares(env, needle) -> None:
+    """Negative retries are infinite in redis-py; an unbounded max_variants unbounds the
+    labels; an all-zero split made the SRM p-value NaN without a word."""
+    with pytest.raises(ConfigError, match=needle):
+        load_settings(environ=env)
