@@ -66,16 +66,16 @@ def masked(settings: Settings) -> dict[str, Any]:
 
 
 def _parse_env_value(text: str, hint: Any = None) -> Any:
-    """An environment value for a setting of type ``hint``: kept as written where the
-    setting takes text (a password of digits, a group id, a duration, an instant), an
-    integer where it takes either (``ab.experiments.X.start``), else read as a TOML
-    value when it is one (``[5, 10]``, ``0.1``, ``true``), else as a string."""
+    """An environment value for a setting of type ``hint``: read as a TOML value when it
+    is one of a type the setting takes besides text (``[5, 10]``, ``0.1``, ``true``, a
+    list of propensities), else kept as written (a password of digits, a group id, a
+    duration, an instant)."""
     takes = _types(hint)
     try:
         value = tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
-    if str in takes and not (int in takes and type(value) is int):
+    if str in takes and type(value) not in takes - {str}:
         return text
     return value
 
@@ -96,9 +96,12 @@ def _types(hint: Any) -> set[Any]:
 
 def _env_path(parts: list[str]) -> tuple[list[str], Any]:
     """The configuration path of an environment variable's parts, and the type of the
-    setting it names (None when unknown). Settings' own keys are lower-cased; the keys
-    of a table the user names (experiments, variants of a split, profiles, grades)
-    keep the case written."""
+    setting it names (None when unknown). Settings' own keys are lower-cased. The keys
+    of a table the user names (experiments, the variants of a split, profiles, grades)
+    keep the case written unless written all in capitals, the usual style of
+    environment names (``…__GRADES__CLICK`` is ``click``, ``…__SPLIT__Treatment`` is
+    ``Treatment``); :func:`load_tree` also matches them to the file's keys regardless
+    of case."""
     node: Any = Settings
     path = []
     for part in parts:
@@ -106,11 +109,27 @@ def _env_path(parts: list[str]) -> tuple[list[str], Any]:
             key = part.lower()
             node = typing.get_type_hints(node).get(key)
         elif typing.get_origin(node) is dict:
-            key, node = part, typing.get_args(node)[1]
+            key, node = (part.lower() if part.isupper() else part), typing.get_args(node)[1]
         else:
             key, node = part.lower(), None
         path.append(key)
     return path, node
+
+
+def _match_keys(override: dict[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
+    """``override`` with each key that differs from one of ``base`` only by case spelt
+    as in ``base`` (so ``EVALUATOR_AB__EXPERIMENTS__HOMEPAGE__CONTROL`` sets the file's
+    ``[ab.experiments.Homepage]``)."""
+    spelt = {k.casefold(): k for k in base}
+    out: dict[str, Any] = {}
+    for key, value in override.items():
+        name = key if key in base else spelt.get(key.casefold(), key)
+        below = base.get(name)
+        if isinstance(value, dict) and isinstance(below, Mapping):
+            out[name] = _match_keys(value, below)
+        else:
+            out[name] = value
+    return out
 
 
 def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
@@ -166,7 +185,7 @@ _AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$\.?(?P<path>[^`]*)`)?$", re.DOTALL)
 def build_settings(tree: Mapping[str, Any]) -> Settings:
     """Validate a configuration tree; errors name the key."""
     try:
-        return msgspec.convert(_plain(dict(tree)), Settings, strict=False)
+        settings = msgspec.convert(_plain(dict(tree)), Settings, strict=False)
     except msgspec.ValidationError as exc:
         match = _AT.match(str(exc))
         assert match is not None
@@ -176,6 +195,8 @@ def build_settings(tree: Mapping[str, Any]) -> Settings:
         if allowed and "allowed" not in message:
             message += f" (allowed: {', '.join(allowed)})"
         raise ConfigError(f"invalid configuration at {path}: {message}") from None
+    _plain(msgspec.to_builtins(settings))  # text read as a number ("NaN") is a number now
+    return settings
 
 
 def _allowed_values(path: str) -> list[str]:
@@ -216,7 +237,8 @@ def load_tree(
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
         except OSError as exc:
             raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
-    tree = merge(tree, env_overrides(os.environ if environ is None else environ))
+    env = env_overrides(os.environ if environ is None else environ)
+    tree = merge(tree, _match_keys(env, tree))
     if overrides:
         tree = merge(tree, overrides)
     return tree

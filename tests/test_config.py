@@ -221,8 +221,8 @@ def test_environment_values_keep_their_text_where_a_setting_takes_text() -> None
             "EVALUATOR_KAFKA__SASL_PASSWORD": '"quoted"',
             "EVALUATOR_KAFKA__GROUP_ID": "123",
             "EVALUATOR_AB__CONTROL": "1",
-            "EVALUATOR_AB__EXPERIMENTS__X__START": "2026-12-01T00:00:00Z",
-            "EVALUATOR_AB__EXPERIMENTS__X__END": "1798761600000",
+            "EVALUATOR_AB__EXPERIMENTS__Launch__START": "2026-12-01T00:00:00Z",
+            "EVALUATOR_AB__EXPERIMENTS__Launch__END": "1798761600000",
             "EVALUATOR_HTTP__PORT": "9100",
             "EVALUATOR_METRICS__K": "[5, 10]",
             "EVALUATOR_REDIS__CLUSTER": "true",
@@ -231,7 +231,7 @@ def test_environment_values_keep_their_text_where_a_setting_takes_text() -> None
     assert settings.redis.password == "12345678"
     assert settings.kafka.sasl_password == '"quoted"'
     assert settings.kafka.group_id == "123" and settings.ab.control == "1"
-    x = settings.ab.experiments["X"]
+    x = settings.ab.experiments["Launch"]
     assert (x.start, x.end) == ("2026-12-01T00:00:00Z", 1_798_761_600_000)
     assert settings.http.port == 9100 and settings.metrics.k == [5, 10]
     assert settings.redis.cluster is True
@@ -254,6 +254,20 @@ def test_environment_keeps_the_case_of_names_the_user_chose(tmp_path) -> None:
     assert list(settings.ab.experiments) == ["Homepage"]
     assert settings.ab.experiments["Homepage"].control == "Control"
     assert settings.ab.split == {"Treatment": 0.5, "Control": 0.5}
+    # all in capitals, the usual style of environment names: lower case, as before (an
+    # interaction type is usually written so), and matched to the file's keys by case
+    settings = load_settings(
+        path,
+        environ={
+            "EVALUATOR_AB__EXPERIMENTS__HOMEPAGE__CONTROL": "B",
+            "EVALUATOR_RELEVANCE__PROFILES__SHOP2__GRADES__CLICK": "1",
+            "EVALUATOR_RELEVANCE__PROFILE": "shop2",
+            "EVALUATOR_PROPENSITY__MODEL": "[1.0, 0.5, 0.25]",
+        },
+    )
+    assert {k: e.control for k, e in settings.ab.experiments.items()} == {"Homepage": "B"}
+    assert settings.relevance.active().grades == {"click": 1.0}
+    assert settings.propensity.model == [1.0, 0.5, 0.25]
 
 
 def test_a_toml_date_time_is_an_instant(tmp_path) -> None:
@@ -343,3 +357,10 @@ def test_bounds_of_counts_and_shares(env, needle) -> None:
     labels; an all-zero split made the SRM p-value NaN without a word."""
     with pytest.raises(ConfigError, match=needle):
         load_settings(environ=env)
+
+
+@pytest.mark.parametrize("text", ["NaN", "Infinity", "-inf"])
+def test_text_that_reads_as_a_number_that_is_not_finite_is_refused(text) -> None:
+    """Not TOML, so kept as text, then converted to a float by the settings' type."""
+    with pytest.raises(ConfigError, match=r"ab\.tuning"):
+        load_settings(environ={"EVALUATOR_AB__TUNING": text})
