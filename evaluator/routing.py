@@ -34,10 +34,10 @@ class Forwarded:
     partition: int
     key: bytes
     payload: bytes
-    origin: str = ""
+    origin: str
     """Where it was read (``impressions:3``), and at which offset: for its dead letter
     if the repartition topic refuses it."""
-    offset: int = -1
+    offset: int
 
 
 @dataclass(slots=True)

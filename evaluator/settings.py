@@ -202,8 +202,11 @@ class ColdStartSettings(msgspec.Struct, forbid_unknown_fields=True):
             raise ValueError("min_relevant_history must be >= 0")
 
 
-SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
-"""The SASL mechanisms that work with a user name and password (the settings given)."""
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "AWS_MSK_IAM")
+"""The SASL mechanisms kafka-python offers that these settings can drive: the first
+three with ``sasl_username`` and ``sasl_password``, GSSAPI with a Kerberos ticket cache
+and AWS_MSK_IAM with the AWS credentials of the environment (OAUTHBEARER needs a token
+provider object, which no setting gives)."""
 
 
 class KafkaSettings(msgspec.Struct, forbid_unknown_fields=True):

@@ -225,7 +225,8 @@ class Tasks:
                     self.stats.invalid[InvalidReason.TOO_LARGE_TO_FORWARD.value] += len(letters)
                     dead_letter(letters)
                 self.stats.repartitioned += len(forwarded) - len(refused)
-                owned.forwarded_ms = now
+                if len(refused) < len(forwarded):  # other partitions wait for these
+                    owned.forwarded_ms = now
             owned.done += owned.engine.finalise_due(self.curves.group)
             owned.consumed = owned.consumed or bool(mine)
             if forwarded or self._checkpoint_due(p, owned, caught_up, now):

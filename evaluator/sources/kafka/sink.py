@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from kafka import KafkaProducer
-from kafka.errors import KafkaError
+from kafka.errors import KafkaConfigurationError, KafkaError
 
 from evaluator.batches import Kind, Rejected
-from evaluator.config import KafkaSettings
+from evaluator.config import ConfigError, KafkaSettings
 from evaluator.sources.kafka.admin import MESSAGE_BYTES, security
 
 SEND_TIMEOUT_S = 30.0
@@ -60,9 +60,11 @@ class KafkaSink:
                 batch_size=256 * 1024,
                 **security(settings),
             )
+        except KafkaConfigurationError as exc:  # a retry cannot help
+            raise ConfigError(f"kafka: {exc}") from None
         except KafkaError as exc:  # the environment, not a bug: one line, exit 2
             raise ConnectionError(
-                f"kafka.bootstrap_servers {settings.bootstrap_servers}: no broker reachable ({exc})"
+                f"kafka.bootstrap_servers {settings.bootstrap_servers}: cannot connect ({exc})"
             ) from None
 
     def send(self, kind: Kind, key: bytes, payload: bytes) -> None:
