@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 import threading
 import time
@@ -147,9 +148,14 @@ def config_from_args(
     for spec in variants or []:
         name, _, noise = spec.partition(":")
         try:
-            parsed.append((name, float(noise or 1.0)))
+            level = float(noise or 1.0)
         except ValueError:
             raise ValueError(f"--variant {spec!r}: use NAME:NOISE, e.g. treatment:0.4") from None
+        if not name.strip() or name in {n for n, _ in parsed}:
+            raise ValueError(f"--variant {spec!r}: each variant needs a name of its own")
+        if not math.isfinite(level) or level < 0:
+            raise ValueError(f"--variant {spec!r}: the noise must be a number >= 0")
+        parsed.append((name, level))
     kwargs: dict[str, object] = {k: v for k, v in options.items() if v is not None}
     if parsed:
         kwargs["variants"] = tuple(parsed)
