@@ -41,10 +41,9 @@ def _positive(**values: float | None) -> None:
             raise UsageError(f"--{name} must be positive, got {value}")
 
 
-def _port_free(host: str, port: int) -> None:
-    """Refuse a taken or forbidden HTTP port before anything claims to be serving."""
-    if not port:
-        return
+def _port_free(host: str, port: int) -> int:
+    """Refuse a taken or forbidden HTTP port before anything claims to be serving; the
+    port to serve on (port 0: one the system picks now, so it can be printed)."""
     import socket
 
     # the server binds IPv4 (http.server's default family): probe the same
@@ -59,6 +58,7 @@ def _port_free(host: str, port: int) -> None:
             raise UsageError(
                 f"cannot serve on {host}:{port} (http.port, --port): {exc.strerror}"
             ) from None
+        return int(probe.getsockname()[1])
 
 
 def _replay_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -264,6 +264,8 @@ def _add_simulate(sub: argparse._SubParsersAction[_Parser]) -> None:
 def _cmd_demo(args: argparse.Namespace) -> int:
     import threading
 
+    import msgspec
+
     from evaluator.commands.demo import DEMO_PARTITIONS, demo_tree, run_demo, sim_config
     from evaluator.commands.run import build_store, install_signal_handlers, run
     from evaluator.config import load_tree
@@ -272,7 +274,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     _positive(requests=args.requests, rate=args.rate, speed=args.speed)
     overrides = _service_overrides(args)
     settings = load_settings(None, overrides=demo_tree(load_tree(args.config, overrides=overrides)))
-    _port_free(settings.http.host, settings.http.port)
+    port = _port_free(settings.http.host, settings.http.port)
+    if port != settings.http.port:
+        http = msgspec.structs.replace(settings.http, port=port)
+        settings = msgspec.structs.replace(settings, http=http)
     setup_logging()
     stop = threading.Event()
     install_signal_handlers(stop)
