@@ -23,22 +23,19 @@ import msgspec
 
 from evaluator.settings import (
     DEFAULT_COMPOSITE,
-    ABSettings,
     ColdStartSettings,
     EventsSettings,
     EventTimeSettings,
-    ExperimentSettings,
-    HttpSettings,
     JoinSettings,
-    KafkaSettings,
     MetricsSettings,
     ProfileSettings,
     PropensitySettings,
-    RedisSettings,
     RelevanceSettings,
     Settings,
     WindowSettings,
 )
+from evaluator.settings_ab import ABSettings, ExperimentSettings
+from evaluator.settings_services import HttpSettings, KafkaSettings, RedisSettings
 
 ENV_PREFIX = "EVALUATOR_"
 

@@ -59,3 +59,21 @@ def parse_instant_ms(value: str | int) -> int:
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_MS = timedelta(milliseconds=1)
+
+
+def setting_ms(key: str, value: str | int) -> int:
+    """A duration setting in ms; a ValueError naming ``key`` when it is not one."""
+    try:
+        return parse_duration_ms(value)
+    except ValueError as exc:
+        raise ValueError(f"{key}: {exc}") from None
+
+
+def setting_instant_ms(key: str, value: str | int) -> int | None:
+    """An instant setting in epoch ms (None when empty); a ValueError naming ``key``."""
+    if value == "":
+        return None
+    try:
+        return parse_instant_ms(value)
+    except ValueError as exc:
+        raise ValueError(f"{key}: {exc}") from None
