@@ -149,8 +149,8 @@ class PropensitySettings(msgspec.Struct, forbid_unknown_fields=True):
         return setting_ms("history", self.history)
 
     def __post_init__(self) -> None:
-        if self.history_ms() < 86_400_000:
-            raise ValueError("history must be at least 1d")
+        if self.history_ms() < 86_400_000 or self.history_ms() % 86_400_000:
+            raise ValueError(f"history must be whole days, at least 1d, got {self.history!r}")
         if not 0 < self.clip <= 1:
             raise ValueError(f"clip must be in (0, 1], got {self.clip}")
         if not 2 <= self.positions <= 100:

@@ -347,6 +347,7 @@ def test_composite_names_are_checked_and_the_default_follows_k() -> None:
     ("env", "needle"),
     [
         ({"EVALUATOR_REDIS__RETRY_ATTEMPTS": "-3"}, "retry_attempts"),
+        ({"EVALUATOR_PROPENSITY__HISTORY": "36h"}, "whole days"),
         ({"EVALUATOR_AB__MAX_VARIANTS": "100000"}, "max_variants"),
         ({"EVALUATOR_AB__SPLIT__A": "0", "EVALUATOR_AB__SPLIT__B": "0"}, "at least one share"),
         ({"EVALUATOR_AB__EXPERIMENTS__X__SPLIT__A": "0"}, "at least one share"),
