@@ -41,6 +41,22 @@ def test_live_path_equals_replay(tmp_path, make_store, seed: int, write_behind: 
     assert store.counters()["late"] == tasks.stats.late
 
 
+def test_no_cold_start_history_needed(tmp_path) -> None:
+    """``cold_start.min_relevant_history = 0``: every user is established, live as in
+    replay (the live engine kept a history of size 0 and crashed on its last entry)."""
+    settings = load_settings(
+        environ={},
+        overrides={"cold_start": {"min_relevant_history": 0}, "kafka": {"partitioner": "trust"}},
+    )
+    store = MemoryStore(settings.layout(PARTITIONS))
+    tasks = tasks_on(store, settings)
+    events = generate(23)
+    feed(tasks, events, 23)
+    report = compare_with_replay(store, events, settings, tmp_path)
+    cohorts = report["variants"]["A"]["cohorts"]
+    assert cohorts["cold_start"]["requests"] == 0 and cohorts["established"]["requests"] > 0
+
+
 def test_redelivery_changes_nothing(make_store) -> None:
     settings = load_settings(environ={})
     events = generate(3)

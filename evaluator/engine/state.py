@@ -170,7 +170,10 @@ class PartitionState:
         self.create("l:" + it.event_id, _encode((user_id, it.item_id, it.timestamp_ms, it.grade)))
 
     def add_history(self, user_id: str, event_id: str, timestamp_ms: int) -> None:
-        """Keep the user's earliest ``history_cap`` relevant interactions."""
+        """Keep the user's earliest ``history_cap`` relevant interactions (none with a cap
+        of 0: every user is established)."""
+        if self.history_cap <= 0:
+            return
         user = self.user(user_id)
         entry = (timestamp_ms, event_id)
         if entry in user.history:
