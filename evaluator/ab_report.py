@@ -115,7 +115,7 @@ def _num(value: float) -> float | None:
 
 
 def ab_json(readouts: list[ExperimentReadout]) -> dict[str, Any]:
-    """The report's ``"ab"`` block (see docs/replay.md)."""
+    """The report's ``"ab"`` block (docs/statistics.md, "Replay's readout")."""
     return {
         r.name: {
             "control": r.control,

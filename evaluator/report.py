@@ -111,7 +111,8 @@ def build_report(
     *,
     setlevel: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The replay report; its keys are a contract other tools read (see docs/replay.md).
+    """The replay report; its keys are a contract other tools read (README.md,
+    "Evaluating your own event files"; docs/semantics.md for each metric).
 
     ``setlevel`` is :func:`set_level`'s result when the caller computed it already."""
     ks = tuple(settings.metrics.k)
