@@ -241,10 +241,20 @@ def harvesting(t: Tables, min_clicks: int = 30) -> Estimate:
         b = np.where(both, c1 / n1, 0.0)  # CTR at 1, same pairs
         num, den = (w * a).sum(axis=0), (w * b).sum(axis=0)
         theta = num / den
-        # delta method: binomial variance of each pair's CTRs, through the ratio of sums
+        # the larger of two variances of log theta: with the pairs as the units (a ratio
+        # of sums: each pair's residual w (a - theta b)), and the binomial variance of
+        # each pair's CTRs through the ratio (the delta method). The binomial one alone
+        # is 0 for the usual sparse pair (a CTR of 0 or 1 from one or two impressions):
+        # its intervals covered the truth in a third of cases; the pairs' one alone is
+        # 0 when a few well-sampled pairs happen to agree
+        resid = np.where(both, w * (a - theta * b), 0.0)
+        pairs = both.sum(axis=0)
+        small = np.where(pairs > 1, pairs / np.maximum(pairs - 1, 1), np.nan)
+        var_pairs = small * (resid**2).sum(axis=0) / num**2
         var_num = (w**2 * a * (1 - a) / np.where(both, t.shown, 1)).sum(axis=0)
         var_den = (w**2 * b * (1 - b) / np.where(both, n1, 1)).sum(axis=0)
-        se_log = np.sqrt(var_num / num**2 + var_den / den**2)
+        var_binomial = var_num / num**2 + var_den / den**2
+        se_log = np.sqrt(np.fmax(var_pairs, var_binomial))
     samples = np.where(both, t.clicks, 0.0).sum(axis=0)
     return _finish("harvesting", theta, se_log, samples, min_clicks)
 

@@ -172,3 +172,22 @@ def test_em_without_clicks_at_the_first_position_gives_no_curve() -> None:
             counts[f"h{SEP}c{i}{SEP}x{SEP}{k}"] = 5 + clicks * CLICK
     got = em(tables(counts, 3), min_clicks=1)
     assert np.isnan(got.theta[1:]).all() and got.curve() is None
+
+
+def test_harvesting_intervals_cover_the_truth_on_sparse_contexts() -> None:
+    """The pivot estimator's intervals take the (context, item) pairs as their units: a
+    binomial variance per pair is 0 for a pair seen once or twice (a CTR of 0 or 1), and
+    such intervals covered the true curve in 31% of cases here (now ~98%)."""
+    from tests.propsim import power_law, sparse_counters, steps
+
+    covered = []
+    for theta in (power_law(0.7), steps()):
+        for seed in range(3):
+            counters, median = sparse_counters(seed, theta)
+            assert median == 2
+            got = harvesting(tables(counters, theta.size))
+            covered += [
+                bool(lo <= t <= hi)
+                for t, lo, hi in zip(theta[1:], got.lower[1:], got.upper[1:], strict=True)
+            ]
+    assert 0.85 <= np.mean(covered) <= 1.0, np.mean(covered)
