@@ -661,3 +661,26 @@ def test_a_request_less_interaction_counts_once_even_for_a_late_impression() -> 
     assert "l:L" not in changelog and "x:L" in changelog  # a redelivery is a duplicate
     step(engine, [click("L", t + 10 * minute, "x")], settings)
     assert engine.counts.duplicates == 1
+
+
+def test_an_active_users_history_outlives_its_ttl() -> None:
+    """The cold-start history expires 30 days after the user's latest relevant
+    interaction, not after the newest of the earliest ones it keeps: a user active every
+    day stays established, as in replay (before, the sweep on day 33 made them cold
+    start again). The activity time survives a reload."""
+    day, t0 = 86_400_000, 1_700_000_000_000
+    state = PartitionState(history_cap=3)
+    changelog: dict[str, bytes] = {}
+    for d in range(34):
+        state.add_history("active", f"a{d}", t0 + d * day)
+    state.add_history("quiet", "q0", t0)
+    apply_changes(changelog, state.flush())
+    state.drop_history_before(t0 + 33 * day - 30 * day)
+    apply_changes(changelog, state.flush())
+    assert [t for t, _ in state.users["active"].history] == [t0, t0 + day, t0 + 2 * day]
+    assert "quiet" not in state.users
+    restored = restore_state(changelog.items(), lambda t: t, 3)
+    assert restored.users["active"] == state.users["active"]
+    assert "quiet" not in restored.users
+    restored.drop_history_before(t0 + 64 * day - 30 * day)  # quiet since day 33
+    assert "active" not in restored.users

@@ -59,6 +59,9 @@ class UserState:
     """Request-less interactions by event id."""
     history: list[tuple[int, str]] = field(default_factory=list)
     """The earliest relevant interactions, sorted (time, event id), at most the cap."""
+    active_ms: int = 0
+    """The first relevant interaction of the user's latest active day: the history
+    expires a TTL after it."""
 
     def empty(self) -> bool:
         return not (self.open or self.loose or self.history)

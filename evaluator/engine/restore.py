@@ -52,6 +52,8 @@ def restore_state(
             state.loose_expiry.append((ts, 2, uid + "\x1f" + key))
         elif kind == "h":
             state.user(key).history = [(t, e) for t, e in _decode(raw)]
+        elif kind == "a":
+            state.user(key).active_ms = _decode(raw)
         elif kind == "f":
             fielded.append((key, _decode(raw)))
         elif kind == "e":

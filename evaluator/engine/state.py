@@ -8,10 +8,10 @@ finalised or counted late (so a redelivery is a duplicate, not new). Pure: no I/
 
 Every change is recorded as a field of the partition's changelog
 (``s:<n>``, ``w:``, ``j:<n>``, ``g:<n>``, ``m:``, ``f:<request>``, ``i:<event>``, ``l:<event>``,
-``h:<user>``, ``x:<event>``, ``e:<experiment US user>``), with the field's new encoded value or
-``None`` for a deletion. A store keeps those fields as one hash per partition: the
-hash *is* the compacted changelog, and :func:`evaluator.engine.restore.restore_state` rebuilds the
-state from it exactly.
+``h:<user>``, ``a:<user>``, ``x:<event>``, ``e:<experiment US user>``), with the field's
+new encoded value or ``None`` for a deletion. A store keeps those fields as one hash per
+partition: the hash *is* the compacted changelog, and
+:func:`evaluator.engine.restore.restore_state` rebuilds the state from it exactly.
 
 Open requests are written as segments, not one field each: ``s:<n>`` holds the
 requests opened between two checkpoints and still open at the second, and is
@@ -39,6 +39,11 @@ from evaluator.engine.records import UserState, encode, open_request, request_ro
 from evaluator.finalise import OpenRequest, PendingInteraction
 
 _encode = encode
+
+DAY_MS = 86_400_000
+"""A user's activity time (the first relevant interaction of their latest active day) moves
+once a day: the history's 30-day TTL needs no finer clock, and an active user costs one
+changelog write a day."""
 
 Changes = dict[str, bytes | None]
 """Changelog fields written (encoded value) or deleted (None) since the last flush."""
@@ -175,6 +180,9 @@ class PartitionState:
         if self.history_cap <= 0:
             return
         user = self.user(user_id)
+        if timestamp_ms // DAY_MS > user.active_ms // DAY_MS:  # kept (and written) once a day
+            user.active_ms = timestamp_ms
+            self.changes["a:" + user_id] = _encode(timestamp_ms)
         entry = (timestamp_ms, event_id)
         if entry in user.history:
             return
@@ -312,12 +320,15 @@ class PartitionState:
             self._drop_if_empty(user_id, user)
 
     def drop_history_before(self, before_ms: int) -> None:
-        """Forget histories whose newest entry is older than ``before_ms`` (users with
-        nothing else kept are dropped): the cold-start history's TTL."""
+        """Forget the histories of users with no relevant interaction since
+        ``before_ms`` (users with nothing else kept are dropped): the cold-start
+        history's TTL. A user active all along keeps their earliest interactions, so
+        stays established as in replay."""
         for uid, user in list(self.users.items()):
-            if user.history and user.history[-1][0] < before_ms:
-                user.history = []
+            if user.history and max(user.history[-1][0], user.active_ms) < before_ms:
+                user.history, user.active_ms = [], 0
                 self._write_history(uid, user)
+                self.changes["a:" + uid] = None
                 self._drop_if_empty(uid, user)
 
     def unwritten(self) -> int:
