@@ -78,6 +78,29 @@ class PositionTable:
         return np.concatenate([table, np.full(width - table.size, table[-1])])
 
 
+@dataclass(frozen=True, slots=True)
+class EstimatedCurve:
+    """An estimated curve for positions 1..P, extended past P by the power law fitted to
+    it (least squares of log θ_k on log k through θ_1 = 1) from θ_P on: a list longer
+    than the estimated positions keeps being discounted instead of every later position
+    taking θ_P (which under-weights them)."""
+
+    values: tuple[float, ...]
+    name: str = "estimated"
+
+    def __post_init__(self) -> None:
+        PositionTable(self.values)  # the same checks
+
+    def theta(self, width: int) -> FloatArray:
+        table = np.asarray(self.values, dtype=np.float64) / self.values[0]
+        if width <= table.size:
+            return table[:width]
+        x = np.log(np.arange(2, table.size + 1, dtype=np.float64))
+        eta = max(0.0, float(-(x @ np.log(table[1:])) / (x @ x))) if x.size else 0.0
+        k = np.arange(table.size + 1, width + 1, dtype=np.float64)
+        return np.concatenate([table, table[-1] * (k / table.size) ** -eta])
+
+
 def ips_weights(model: PropensityModel, width: int, clip: float = 0.05) -> FloatArray:
     """w_k = 1 / max(theta_k, clip) for positions 1..width."""
     if not 0 < clip <= 1:

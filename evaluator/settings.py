@@ -16,7 +16,12 @@ import msgspec
 from evaluator.finalise import FinaliseConfig, deadline_ms
 from evaluator.join import JoinRules
 from evaluator.metrics.ndcg import GainKind
-from evaluator.propensity import NoBias, PositionTable, PropensityModel, parse_propensity
+from evaluator.propensity import (
+    EstimatedCurve,
+    NoBias,
+    PropensityModel,
+    parse_propensity,
+)
 from evaluator.propensity_estimation import Estimator
 from evaluator.relevance import BUILTIN_PROFILES, ProfileKind, RelevanceProfile
 from evaluator.scoring import METRICS, ScoringConfig
@@ -180,7 +185,7 @@ class PropensitySettings(msgspec.Struct, forbid_unknown_fields=True):
     def build(self, curve: tuple[float, ...] | None = None) -> PropensityModel:
         """The configured model; for ``estimated``, the given curve (none yet: no bias)."""
         if self.estimated:
-            return PositionTable(curve) if curve else NoBias()
+            return EstimatedCurve(curve) if curve else NoBias()
         return parse_propensity(self.model)
 
 

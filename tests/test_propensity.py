@@ -66,3 +66,16 @@ def test_adjusted_ideal_orders_by_grade_not_by_weighted_gain() -> None:
     w = np.array([1.0, 2.0, 3.0, 4.0])
     got = ndcg(np.array([[2.0, 0.0, 0.0, 1.0]]), [4], gain="linear", weights=w)[0, 0]
     assert got == pytest.approx((2 + 4 / np.log2(5)) / (2 + 4 / np.log2(3)))
+
+
+def test_an_estimated_curve_is_extended_by_its_power_law() -> None:
+    """Past the estimated positions (propensity.positions, 10 by default, while K may be
+    20) the curve keeps falling as the power law fitted to it, from its last value; it
+    took that last value at every later position before."""
+    from evaluator.propensity import EstimatedCurve
+
+    curve = EstimatedCurve(tuple(float(k) ** -0.8 for k in range(1, 11)))
+    theta = curve.theta(20)
+    assert theta[:10] == pytest.approx([k**-0.8 for k in range(1, 11)])
+    assert theta[10:] == pytest.approx([k**-0.8 for k in range(11, 21)])
+    assert EstimatedCurve((1.0,)).theta(3).tolist() == [1.0, 1.0, 1.0]
