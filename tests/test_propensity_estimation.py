@@ -191,3 +191,21 @@ def test_harvesting_intervals_cover_the_truth_on_sparse_contexts() -> None:
                 for t, lo, hi in zip(theta[1:], got.lower[1:], got.upper[1:], strict=True)
             ]
     assert 0.85 <= np.mean(covered) <= 1.0, np.mean(covered)
+
+
+def test_estimated_without_a_curve_says_it_did_not_adjust(tmp_path, capsys) -> None:
+    """No randomised traffic for the randomized estimator: no curve, so adjusted equals
+    raw; the report's settings and stderr say so (before, nothing did)."""
+    sim = simulate(
+        SimulationConfig(seed=6, randomized_fraction=0.0), FileSink(tmp_path), 300, progress=False
+    )
+    assert sim.truth
+    args = ["replay", str(tmp_path / "impressions.jsonl"), str(tmp_path / "interactions.jsonl")]
+    extra = ["--propensity", "estimated", "--estimator", "randomized"]
+    assert main([*args, *extra, "--output", "json", "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert report["settings"]["propensity"] == "estimated:randomized (no curve: not applied)"
+    assert "adjusted nDCG equals raw" in captured.err
+    block = report["variants"][next(iter(report["variants"]))]
+    assert block["ndcg_adjusted"] == block["ndcg"]

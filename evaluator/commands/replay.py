@@ -139,6 +139,12 @@ def evaluate_files(
             estimate_propensities(requests, attribution, settings) if p.collect or estimate else {}
         )
         curve = estimates[p.estimator_name].curve() if p.estimated else None
+        if p.estimated and curve is None:  # the report says so too (settings.propensity)
+            print(
+                f"evaluator replay: the {p.estimator_name} estimator found no complete "
+                "propensity curve: adjusted nDCG equals raw",
+                file=sys.stderr,
+            )
         scored = score(requests, attribution, settings, curve=curve, variants=variants)
         setlevel = side.result()
         duplicates = requests.duplicates + attribution.duplicates
@@ -146,6 +152,8 @@ def evaluate_files(
             scored, attribution.outcomes, duplicates, counts, settings, setlevel=setlevel
         )
         report["ab"] = ab_json(experiment_readouts(scored, settings))
+        if p.estimated and curve is None:
+            report["settings"]["propensity"] += " (no curve: not applied)"
         if estimates:
             report["propensity"] = propensity_report(estimates, curve)
         return report
