@@ -118,7 +118,7 @@ def test_exported_ab_series_over_a_long_run() -> None:
     offsets = {"impressions": 0, "interactions": 0}
     exposed: dict[str, set[str]] = {"A": set(), "B": set()}
     last_requests = last_users = 0.0
-    ready_looks = 0
+    ready_looks = lifted = 0
     for hour in traffic:
         for kind in ("impressions", "interactions"):
             payloads = [p for p in hour if (b'"items"' in p) == (kind == "impressions")]
@@ -152,11 +152,17 @@ def test_exported_ab_series_over_a_long_run() -> None:
             ready_looks += 1
             assert lower <= upper  # never crossed
             assert lower <= 0.0 <= upper  # an A/A test: never flagged
+            # the lift's bounds, as exported, agree with the difference's at every look
+            lift_lower = pick(found, "recsys_eval_ab_ndcg_lift_lower", **labels)
+            lift_upper = pick(found, "recsys_eval_ab_ndcg_lift_upper", **labels)
+            assert lift_lower is not None and lift_upper is not None
+            assert lift_lower <= 0.0 <= lift_upper
+            lifted += 1
     print(
         {k: v for k, v in found.items() if "ready" in k[0] or "users" in k[0] or "diff" in k[0]},
         tasks.stats.finalised,
     )
-    assert ready_looks >= 48
+    assert ready_looks >= 48 and lifted == ready_looks
     # the experiment holds every request finalised, the 24 h window only the last day
     day = sum(
         pick(found, "recsys_eval_requests", variant=v, window="24h", cohort="all") or 0
