@@ -91,7 +91,12 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     _refuse_swapped(args.impressions, args.interactions, settings)
     progress = False if args.no_progress else None
     report = evaluate_files(
-        args.impressions, args.interactions, settings, progress, args.estimate_propensity
+        args.impressions,
+        args.interactions,
+        settings,
+        progress,
+        args.estimate_propensity,
+        now_ms=_instant("--now", args.now),
     )
     print_report(report, args.output)
     for damage in report["events"]["incomplete"]:
@@ -102,6 +107,18 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 EXIT_INCOMPLETE = 3
 """``replay``'s exit code when an input file was damaged: the report covers the lines
 before the damage."""
+
+
+def _instant(flag: str, value: str | None) -> int | None:
+    """An instant flag in epoch ms (None when not given); one line (exit 2) when bad."""
+    from evaluator.timeutil import parse_instant_ms
+
+    if value is None:
+        return None
+    try:
+        return parse_instant_ms(int(value) if value.strip().isdigit() else value)
+    except ValueError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
 
 
 def _readable(path: Path) -> None:
@@ -431,6 +448,12 @@ def _add_replay(sub: argparse._SubParsersAction[_Parser]) -> None:
         "--zero-relevance",
         choices=["count", "skip"],
         help="requests without a relevant item: count as 0 (default) or skip",
+    )
+    p.add_argument(
+        "--now",
+        help="the clock events are checked against: an event stamped later than this + "
+        "event_time.max_future is invalid (future_timestamp), as live at consumption; an "
+        "instant such as 2026-12-01T00:00:00Z or epoch ms (default: the run's time)",
     )
     p.add_argument("--output", choices=["table", "json"], default="table")
     p.add_argument("--no-progress", action="store_true", help="never show the progress bar")

@@ -10,6 +10,7 @@ caller (file replay, Kafka consumer, simulator) counts and dead-letters the same
 from __future__ import annotations
 
 import enum
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -20,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from evaluator.relevance import RelevanceProfile
-from evaluator.timeutil import datetime_to_ms
+from evaluator.timeutil import datetime_to_ms, format_instant_ms
 
 MAX_TIMESTAMP_MS = 253_402_300_799_999
 """9999-12-31T23:59:59.999Z: event times lie in [1970, 9999] (as epoch ms they fit int64
@@ -105,6 +106,9 @@ class InvalidReason(enum.StrEnum):
     TOO_LARGE_TO_FORWARD = "too_large_to_forward"
     """Valid, but on another user's partition and larger than the repartition topic or
     the producer takes (live path only)."""
+    FUTURE_TIMESTAMP = "future_timestamp"
+    """Stamped later than the clock's now + ``event_time.max_future``: its producer's
+    clock is wrong, and the event must not move event time for everyone."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,10 +305,45 @@ def _decode_valid(
     return valid, invalid
 
 
+def latest_accepted_ms(now_ms: int | None, max_future_ms: int) -> int | None:
+    """The latest event time accepted at clock ``now_ms``: ``max_future_ms`` after it
+    (None: no limit, when either is unset or 0)."""
+    return None if now_ms is None or not max_future_ms else now_ms + max_future_ms
+
+
+def _without_future(
+    events: list[E], invalid: list[InvalidEvent], latest_ms: int | None, base_index: int
+) -> tuple[list[E], list[int], list[InvalidEvent]]:
+    """The valid events with their epoch-ms timestamps, less those stamped after
+    ``latest_ms`` (None: no limit), which join ``invalid`` as ``future_timestamp`` (kept
+    in input order). One ``max`` over the batch spares the search on almost every batch."""
+    times = [to_ms(e.timestamp) for e in events]
+    if latest_ms is None or not times or max(times) <= latest_ms:
+        return events, times, invalid
+    bad = {b.index for b in invalid}
+    positions = (i for i in itertools.count(base_index) if i not in bad)
+    limit = format_instant_ms(latest_ms)
+    kept: list[E] = []
+    kept_times: list[int] = []
+    for event, ts, index in zip(events, times, positions, strict=False):
+        if ts <= latest_ms:
+            kept.append(event)
+            kept_times.append(ts)
+        else:
+            detail = f"timestamp {format_instant_ms(ts)} is after {limit} (now + max_future)"
+            invalid.append(InvalidEvent(index, InvalidReason.FUTURE_TIMESTAMP, detail))
+    invalid.sort(key=lambda b: b.index)
+    return kept, kept_times, invalid
+
+
 def decode_impressions(
-    raw: Sequence[bytes], max_list_length: int = 1000, base_index: int = 0
+    raw: Sequence[bytes],
+    max_list_length: int = 1000,
+    base_index: int = 0,
+    latest_ms: int | None = None,
 ) -> tuple[ImpressionBatch, list[InvalidEvent]]:
-    """Decode and validate JSON impressions; invalid ones are returned, never raised."""
+    """Decode and validate JSON impressions; invalid ones are returned, never raised.
+    ``latest_ms``: events stamped after it are invalid (``future_timestamp``)."""
     reserved = may_hold_reserved(raw)
     events, invalid = _decode_valid(
         raw,
@@ -312,22 +351,28 @@ def decode_impressions(
         lambda e: check_impression(e, max_list_length, reserved),
         base_index,
     )
-    return ImpressionBatch(events, [to_ms(e.timestamp) for e in events]), invalid
+    events, times, invalid = _without_future(events, invalid, latest_ms, base_index)
+    return ImpressionBatch(events, times), invalid
 
 
 def decode_interactions(
-    raw: Sequence[bytes], profile: RelevanceProfile, base_index: int = 0
+    raw: Sequence[bytes],
+    profile: RelevanceProfile,
+    base_index: int = 0,
+    latest_ms: int | None = None,
 ) -> tuple[InteractionBatch, list[InvalidEvent]]:
-    """Decode, validate and grade JSON interactions; invalid ones are returned, never raised."""
+    """Decode, validate and grade JSON interactions; invalid ones are returned, never
+    raised (``latest_ms`` as for :func:`decode_impressions`)."""
     reserved = may_hold_reserved(raw)
     events, invalid = _decode_valid(
         raw, _INTERACTION_DECODER, lambda e: check_interaction(e, profile, reserved), base_index
     )
+    events, times, invalid = _without_future(events, invalid, latest_ms, base_index)
     grade = profile.grade
     return (
         InteractionBatch(
             events,
-            [to_ms(e.timestamp) for e in events],
+            times,
             [grade(e.type, e.watch_time, e.duration) for e in events],
         ),
         invalid,

@@ -20,6 +20,7 @@ from evaluator.events import (
     InvalidReason,
     decode_impressions,
     decode_interactions,
+    latest_accepted_ms,
 )
 from evaluator.partitioner import PartitionOf
 from evaluator.relevance import RelevanceProfile
@@ -61,10 +62,16 @@ class Decoder:
     partition_of: PartitionOf
     profile: RelevanceProfile
     max_list_length: int = 1000
+    max_future_ms: int = 60_000
+    """Events stamped later than the clock's now + this are invalid (0: no limit)."""
 
-    def route(self, batch: PartitionBatch, first: int, partition: int) -> Routed:
-        """Decode ``batch.payloads[first:]`` for ``partition``."""
+    def route(
+        self, batch: PartitionBatch, first: int, partition: int, now_ms: int | None = None
+    ) -> Routed:
+        """Decode ``batch.payloads[first:]`` for ``partition`` at clock ``now_ms`` (None:
+        no future-timestamp check)."""
         out = Routed()
+        latest = latest_accepted_ms(now_ms, self.max_future_ms)
         payloads = batch.payloads[first:]
         if batch.kind == "repartition":
             groups: dict[str, list[tuple[int, bytes]]] = {}
@@ -81,10 +88,10 @@ class Decoder:
         for kind, items in groups.items():
             raws = [raw for _, raw in items]
             if kind == "impressions":
-                imps, bad = decode_impressions(raws, self.max_list_length)
+                imps, bad = decode_impressions(raws, self.max_list_length, latest_ms=latest)
                 users = [e.user_id for e in imps.events]
             else:
-                ints, bad = decode_interactions(raws, self.profile)
+                ints, bad = decode_interactions(raws, self.profile, latest_ms=latest)
                 users = [e.user_id for e in ints.events]
             out.rejected += _rejected(batch, kind, items, bad)
             keep = list(range(len(users)))

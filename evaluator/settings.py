@@ -201,9 +201,14 @@ class EventTimeSettings(msgspec.Struct, forbid_unknown_fields=True):
     max_out_of_orderness: str | int = "5s"
     idle_timeout: str | int = "30s"
     allowed_lateness: str | int = "1m"
+    max_future: str | int = "1m"
+    """An event stamped later than the consuming clock's now + this is invalid
+    (``future_timestamp``); 0 turns the check off. NTP-synced clocks differ by
+    seconds; an accepted event moves its partition's watermark at most this far
+    ahead of the clock, which ``allowed_lateness`` absorbs while it is not shorter."""
 
     def __post_init__(self) -> None:
-        for name in ("max_out_of_orderness", "idle_timeout", "allowed_lateness"):
+        for name in ("max_out_of_orderness", "idle_timeout", "allowed_lateness", "max_future"):
             setting_ms(name, getattr(self, name))
 
     def ms(self, name: str) -> int:

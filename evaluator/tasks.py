@@ -91,6 +91,7 @@ class Tasks:
             PartitionOf(settings.kafka.partitioner, partitions),
             settings.relevance.active(),
             settings.events.max_list_length,
+            settings.event_time.ms("max_future"),
         )
         self._pending: dict[int, list[bytes]] = {}
         self._local_offsets: dict[int, int] = {}
@@ -264,7 +265,7 @@ class Tasks:
             if first == len(batch.payloads):
                 continue
             self.stats.consumed[batch.kind] += len(batch.payloads) - first
-            routed = self.decoder.route(batch, first, engine.partition)
+            routed = self.decoder.route(batch, first, engine.partition, now)
             engine.ingest(routed.impressions, routed.interactions)
             for bad in routed.rejected:
                 self.stats.invalid[bad.event.reason.value] += 1

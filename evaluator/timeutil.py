@@ -41,6 +41,12 @@ def datetime_to_ms(value: datetime) -> int:
     return (value - _EPOCH) // _ONE_MS
 
 
+def format_instant_ms(ms: int) -> str:
+    """RFC 3339 UTC spelling of epoch milliseconds, e.g. ``2026-12-01T00:00:00.250Z``."""
+    text = (_EPOCH + ms * _ONE_MS).isoformat(timespec="milliseconds")
+    return text.replace("+00:00", "Z")
+
+
 def parse_instant_ms(value: str | int) -> int:
     """Epoch milliseconds of an ISO 8601 instant with a zone (``2026-12-01T00:00:00Z``)
     or an integer of epoch milliseconds. Raises ``ValueError`` for anything else."""

@@ -26,10 +26,11 @@ SENTINEL_VARIANT = "zz-sentinel"
 
 
 class FakeClock:
-    """Wall clock under test control (processing time only affects idleness)."""
+    """Wall clock under test control: processing time decides idleness and checkpoint
+    intervals, and which events come from the future (``event_time.max_future``)."""
 
-    def __init__(self) -> None:
-        self.now = 0
+    def __init__(self, now: int = 0) -> None:
+        self.now = now
 
     def __call__(self) -> int:
         return self.now
@@ -51,9 +52,10 @@ def feed(
     keyed: bool = True,
 ) -> dict[str, int]:
     """Deliver events in event-time order with small jitter, each user's to their
-    partition, then let every input go idle with the wall clock at ``end_ms`` (default:
-    a day after the last event, so every request is final). ``keyed=False``: round
-    robin over the partitions, as a producer that does not key by user.
+    partition, the wall clock following the data as when consuming live traffic, then
+    let every input go idle with the wall clock at ``end_ms`` (default: a day after the
+    last event, so every request is final). ``keyed=False``: round robin over the
+    partitions, as a producer that does not key by user.
 
     Returns the watermark of its partition in force when each interaction was delivered.
     """
@@ -83,8 +85,9 @@ def feed(
             batches.append(
                 PartitionBatch(kind, name, payloads, range(first, first + len(payloads)))  # type: ignore[arg-type]
             )
+        newest = max(e["timestamp"] for _, e in chunk)
+        clock.now = max(clock.now + 10, newest)  # type: ignore[attr-defined]
         tasks.apply(batches, {})
-        clock.now += 10  # type: ignore[attr-defined]
     # the stream goes quiet: every input is at its end for idle_timeout
     last = max(e["timestamp"] for _, e in stream)
     clock.now = end_ms if end_ms is not None else last + 86_400_000  # type: ignore[attr-defined]

@@ -98,6 +98,19 @@ def hourly_traffic(rng: random.Random, hours: int, users: int) -> list[list[byte
     return out
 
 
+def deliver(tasks: Tasks, clock: FakeClock, hour: list[bytes], offsets: dict[str, int]) -> None:
+    """An hour of traffic in two polls (its impressions, then its interactions), the
+    wall clock half an hour on each time and never behind the data."""
+    for kind in ("impressions", "interactions"):
+        payloads = [p for p in hour if (b'"items"' in p) == (kind == "impressions")]
+        first = offsets[kind]
+        offsets[kind] += len(payloads)
+        batch = PartitionBatch(kind, f"{kind}:0", payloads, range(first, offsets[kind]))
+        newest = max((json.loads(p)["timestamp"] for p in payloads), default=0)
+        clock.now = max(clock.now + 1_800_000, newest)
+        tasks.apply([batch], {})
+
+
 def test_exported_ab_series_over_a_long_run() -> None:
     settings = load_settings(
         environ={},
@@ -108,7 +121,7 @@ def test_exported_ab_series_over_a_long_run() -> None:
         },
     )
     store = MemoryStore(settings.layout(1))
-    clock = FakeClock()  # live traffic: the wall clock follows the data
+    clock = FakeClock(T0)  # live traffic: the wall clock follows the data
     tasks = Tasks(store, settings, 1, clock_ms=clock)
     tasks.assign([0])
     registry = CollectorRegistry()
@@ -120,13 +133,7 @@ def test_exported_ab_series_over_a_long_run() -> None:
     last_requests = last_users = 0.0
     ready_looks = lifted = 0
     for hour in traffic:
-        for kind in ("impressions", "interactions"):
-            payloads = [p for p in hour if (b'"items"' in p) == (kind == "impressions")]
-            first = offsets[kind]
-            offsets[kind] += len(payloads)
-            batch = PartitionBatch(kind, f"{kind}:0", payloads, range(first, offsets[kind]))
-            clock.now += 1_800_000
-            tasks.apply([batch], {})
+        deliver(tasks, clock, hour, offsets)
         for p in hour:
             if b'"items"' in p:
                 event = json.loads(p)

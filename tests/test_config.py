@@ -19,6 +19,7 @@ def test_defaults() -> None:
     assert s.relevance.active().name == "ecommerce"
     assert s.cold_start.min_relevant_history == 3
     assert s.events.max_list_length == 1000
+    assert s.event_time.ms("max_future") == 60_000  # NTP-synced producers: seconds of skew
 
 
 def test_file_env_and_overrides_in_that_order(tmp_path) -> None:
@@ -53,6 +54,8 @@ def test_custom_relevance_profile(tmp_path) -> None:
         ('[relevance]\nprofile = "nope"', "relevance"),
         ('[propensity]\nmodel = "magic"', "propensity"),
         ("[bogus]\nx = 1", "(top level)"),
+        ('[event_time]\nmax_future = "soon"', "event_time"),
+        ("[event_time]\nmax_future = -60000", "event_time"),
     ],
 )
 def test_errors_name_the_key(tmp_path, text: str, key: str) -> None:

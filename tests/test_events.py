@@ -115,3 +115,44 @@ def test_committed_schemas_match_the_models() -> None:
     for name, schema in json_schemas().items():
         committed = json.loads((root / f"{name}.schema.json").read_text())
         assert committed == json.loads(json.dumps(schema)), f"run `make schemas` ({name})"
+
+
+def test_events_stamped_after_the_limit_are_future_timestamps_in_input_order() -> None:
+    latest = 1_700_000_060_000  # the clock at 1_700_000_000_000 + max_future 1m
+    payloads = [
+        imp(event_id="e0", request_id="r0", timestamp=latest),  # at the limit: valid
+        imp(event_id="e1", request_id="r1", timestamp=latest + 1),
+        b"{not json",
+        imp(event_id="e3", request_id="r3", timestamp="2023-11-16T22:13:20Z"),  # 2 days on
+        imp(event_id="e4", request_id="r4", timestamp=latest - 1),
+    ]
+    batch, invalid = decode_impressions(payloads, latest_ms=latest)
+    assert [e.request_id for e in batch.events] == ["r0", "r4"]
+    assert batch.timestamp_ms == [latest, latest - 1]
+    assert [(b.index, b.reason) for b in invalid] == [
+        (1, InvalidReason.FUTURE_TIMESTAMP),
+        (2, InvalidReason.UNDECODABLE),
+        (3, InvalidReason.FUTURE_TIMESTAMP),
+    ]
+    assert "2023-11-14T22:14:20.001Z is after 2023-11-14T22:14:20.000Z" in invalid[0].detail
+    # without a limit (replay's old behaviour, the demo) every stamp is valid
+    unlimited, bad = decode_impressions(payloads)
+    assert len(unlimited.events) == 4 and len(bad) == 1
+    # the index is the payload's position in the input, past an offset too
+    _, shifted = decode_impressions(payloads, base_index=10, latest_ms=latest)
+    assert [b.index for b in shifted] == [11, 12, 13]
+
+
+def test_future_interactions_are_dropped_with_their_grades() -> None:
+    latest = 1_700_000_000_000
+    batch, invalid = decode_interactions(
+        [
+            inter(event_id="a", type="purchase", timestamp=latest + 172_800_000),
+            inter(event_id="b", type="click", timestamp=latest),
+        ],
+        ECOM,
+        latest_ms=latest,
+    )
+    assert [e.event_id for e in batch.events] == ["b"]
+    assert batch.grade == [1.0] and batch.timestamp_ms == [latest]
+    assert [(b.index, b.reason) for b in invalid] == [(0, InvalidReason.FUTURE_TIMESTAMP)]

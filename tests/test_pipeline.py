@@ -200,6 +200,9 @@ def test_offsets_committed_to_kafka_are_those_the_store_accepted(
                     name.split(":")[0], name, payloads, range(first, first + len(payloads))
                 )  # type: ignore[arg-type]
             )
+        newest = max(e["timestamp"] for _, e in stream[start : start + 16])
+        clock = tasks.clock_ms
+        clock.now = max(clock.now, newest)  # type: ignore[attr-defined]: live, after the data
         tasks.apply(batches, {})
         tasks.clock_ms.now += 1_000  # type: ignore[attr-defined]: a checkpoint each poll
         for p, owned in held.items():

@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from evaluator.config import load_settings
 from evaluator.propensity import PowerLaw, ips_weights
 from evaluator.report import render_table
 from evaluator.stats import SRM_CONCENTRATION
+from evaluator.timeutil import format_instant_ms, parse_instant_ms
 from tests.eventgen import generate, naive_evaluate
 from tests.reference import srm_sequential_p
 
@@ -130,6 +132,13 @@ def test_gzip_input_and_table_output(tmp_path, capsys) -> None:
             "--relevance",
             "nope",
         ],
+        [
+            "replay",
+            str(EXAMPLES / "impressions.jsonl"),
+            str(EXAMPLES / "interactions.jsonl"),
+            "--now",
+            "yesterday",
+        ],
     ],
 )
 def test_usage_errors_exit_2_with_one_line(args: list[str]) -> None:
@@ -151,10 +160,11 @@ def test_parallel_replay_gives_the_same_report(tmp_path, monkeypatch) -> None:
     events.interactions.append({"event_id": "bad", "type": "click"})  # an invalid line
     imp, inter = events.write(tmp_path)
     settings = load_settings(environ={})
-    sequential = command.evaluate_files(imp, inter, settings, progress=False)
+    now = time.time_ns() // 1_000_000  # the report names its clock
+    sequential = command.evaluate_files(imp, inter, settings, progress=False, now_ms=now)
     monkeypatch.setattr(command, "PARALLEL_MIN_BYTES", 0)
     monkeypatch.setattr(command, "PARALLEL_MIN_REQUESTS", 0)
-    forked = command.evaluate_files(imp, inter, settings, progress=False)
+    forked = command.evaluate_files(imp, inter, settings, progress=False, now_ms=now)
     assert forked == sequential
     assert forked["events"]["invalid"] == 1
 
@@ -208,3 +218,52 @@ def test_replay_reports_the_ab_readout(tmp_path) -> None:
         }
         want = len(tops["A"] & tops["B"]) / len(tops["A"] | tops["B"])
         assert ab["overlap"]["B"][str(k)] == pytest.approx(want)
+
+
+def test_replay_rejects_events_from_the_future_as_of_now(tmp_path, capsys) -> None:
+    """A pair stamped two days after the run's clock is invalid, as live: the report
+    equals the one without it. With ``--now`` past the stamp, the pair is evaluated."""
+    events = generate(45)
+    clean = replay_json(capsys, *map(str, events.write(tmp_path)))
+    ahead = time.time_ns() // 1_000_000 + 2 * 86_400_000
+    events.impressions.append(
+        {
+            "event_id": "fast-i",
+            "request_id": "fast",
+            "user_id": "u1",
+            "variant": "A",
+            "timestamp": ahead,
+            "items": ["p1", "p2"],
+        }
+    )
+    events.interactions.append(
+        {
+            "event_id": "fast-x",
+            "request_id": "fast",
+            "user_id": "u1",
+            "item_id": "p2",
+            "type": "purchase",
+            "timestamp": ahead + 1_000,
+        }
+    )
+    paths = list(map(str, events.write(tmp_path)))
+    report = replay_json(capsys, *paths)
+    assert report["events"]["invalid_by_reason"] == {"future_timestamp": 2}
+    assert report["variants"] == clean["variants"]
+    assert report["settings"]["max_future"] == "1m"
+    now_ms = parse_instant_ms(report["settings"]["now"])
+    assert abs(now_ms - time.time_ns() // 1_000_000) < 60_000
+    later = format_instant_ms(ahead + 3_600_000)
+    accepted = replay_json(capsys, *paths, "--now", later)
+    assert accepted["settings"]["now"] == later
+    assert accepted["events"]["invalid_by_reason"] == {}
+    assert accepted["variants"]["A"]["requests"] == clean["variants"]["A"]["requests"] + 1
+    # the same instant as epoch milliseconds; the check can be turned off
+    as_ms = replay_json(capsys, *paths, "--now", str(ahead + 3_600_000))
+    assert as_ms["variants"] == accepted["variants"]
+    off = evaluate_files(
+        *map(Path, paths),
+        load_settings(environ={}, overrides={"event_time": {"max_future": 0}}),
+        progress=False,
+    )
+    assert off["variants"] == accepted["variants"]

@@ -28,7 +28,7 @@ log = logging.getLogger("evaluator.demo")
 
 DEMO_OVERRIDES: dict[str, Any] = {
     "join": {"attribution_window": "3m"},
-    "event_time": {"allowed_lateness": "10s", "idle_timeout": "5s"},
+    "event_time": {"allowed_lateness": "10s", "idle_timeout": "5s", "max_future": 0},
     "windows": {"sizes": ["5m", "30m", "2h"]},
     "propensity": {"model": "estimated", "estimator": "em"},
     "http": {"refresh_interval": "1s", "host": "127.0.0.1", "port": 8000},
@@ -36,6 +36,7 @@ DEMO_OVERRIDES: dict[str, Any] = {
     "redis": {"checkpoint_interval": 0},
 }
 """Demo defaults (event time): a short attribution window and windows that fill quickly;
+no future-timestamp check, since simulated event time runs ahead of the wall clock;
 a checkpoint after every chunk, because the demo's event time runs many times faster
 than the wall clock (a second's interval would be minutes of its data, and the
 estimated propensity curve, fed by the stored counters, would take over late). A

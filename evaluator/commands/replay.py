@@ -14,6 +14,7 @@ from typing import Any
 from tqdm import tqdm
 
 from evaluator.ab_report import ab_json, experiment_readouts
+from evaluator.batches import wall_clock_ms
 from evaluator.config import Settings
 from evaluator.events import (
     ImpressionBatch,
@@ -21,6 +22,7 @@ from evaluator.events import (
     InvalidEvent,
     decode_impressions,
     decode_interactions,
+    latest_accepted_ms,
 )
 from evaluator.forked import Forked
 from evaluator.propensity_estimation import Estimate
@@ -33,6 +35,7 @@ from evaluator.replay import (
 )
 from evaluator.report import EventCounts, build_report, render_table, set_level
 from evaluator.sources.files import file_size, read_jsonl
+from evaluator.timeutil import format_instant_ms
 
 MAX_INVALID_SAMPLES = 1000
 """Invalid lines listed individually in the report; all are counted."""
@@ -61,13 +64,16 @@ PARALLEL_MIN_REQUESTS = 50_000
 
 
 def _load_interactions(
-    path: Path, settings: Settings, update: Callable[[int], object] | None
+    path: Path,
+    settings: Settings,
+    update: Callable[[int], object] | None,
+    latest_ms: int | None,
 ) -> tuple[InteractionColumns, EventCounts]:
     counts = EventCounts()
     columns = InteractionColumns()
     profile = settings.relevance.active()
     for chunk in read_jsonl(path, on_bytes=update, damaged=counts.damaged):
-        batch, invalid = decode_interactions(chunk.payloads, profile)
+        batch, invalid = decode_interactions(chunk.payloads, profile, latest_ms=latest_ms)
         counts.interactions += len(batch.events)
         _note_invalid(counts, path, invalid, chunk.line_numbers)
         columns.extend(batch)
@@ -75,18 +81,29 @@ def _load_interactions(
 
 
 def load_events(
-    impressions: Path, interactions: Path, settings: Settings, progress: bool | None = None
+    impressions: Path,
+    interactions: Path,
+    settings: Settings,
+    progress: bool | None = None,
+    now_ms: int | None = None,
 ) -> tuple[ImpressionBatch, InteractionColumns, EventCounts]:
     """Read, decode and validate both files; bad lines are counted, never raised.
+    ``now_ms``: the clock events are checked against, as the live pipeline checks them
+    against its wall clock when it consumes them (``future_timestamp``; None: no check).
 
     A large interactions file is decoded by a forked process while this one decodes
     the impressions (replay is otherwise single-threaded)."""
     counts = EventCounts()
     imps = ImpressionBatch()
     max_len = settings.events.max_list_length
+    latest = latest_accepted_ms(now_ms, settings.event_time.ms("max_future"))
     parallel = file_size(interactions) >= PARALLEL_MIN_BYTES
     total = file_size(impressions) + file_size(interactions)
-    pending = Forked(lambda: _load_interactions(interactions, settings, None)) if parallel else None
+    pending = (
+        Forked(lambda: _load_interactions(interactions, settings, None, latest))
+        if parallel
+        else None
+    )
     with tqdm(
         total=total,
         unit="B",
@@ -98,7 +115,7 @@ def load_events(
     ) as bar:
         update: Callable[[int], object] = bar.update
         for chunk in read_jsonl(impressions, on_bytes=update, damaged=counts.damaged):
-            batch, invalid = decode_impressions(chunk.payloads, max_len)
+            batch, invalid = decode_impressions(chunk.payloads, max_len, latest_ms=latest)
             counts.impressions += len(batch.events)
             _note_invalid(counts, impressions, invalid, chunk.line_numbers)
             imps.events += batch.events
@@ -107,7 +124,7 @@ def load_events(
             ints, theirs = pending.result()
             bar.update(file_size(interactions))
         else:
-            ints, theirs = _load_interactions(interactions, settings, update)
+            ints, theirs = _load_interactions(interactions, settings, update, latest)
     counts.interactions = theirs.interactions
     counts.damaged += theirs.damaged
     counts.invalid_by_reason.update(theirs.invalid_by_reason)
@@ -121,10 +138,15 @@ def evaluate_files(
     settings: Settings,
     progress: bool | None = None,
     estimate: bool = False,
+    *,
+    now_ms: int | None = None,
 ) -> dict[str, Any]:
-    """The full replay report for two event files; ``estimate`` adds propensity curves."""
+    """The full replay report for two event files; ``estimate`` adds propensity curves.
+    ``now_ms``: the clock of the future-timestamp check (None: the time of the call)."""
+    if now_ms is None:
+        now_ms = wall_clock_ms()
     with _without_cyclic_gc():
-        imps, ints, counts = load_events(impressions, interactions, settings, progress)
+        imps, ints, counts = load_events(impressions, interactions, settings, progress, now_ms)
         requests = dedupe_impressions(imps)
         variants = variant_codes(requests)
         # coverage and diversity need no join: a forked child computes them while
@@ -152,6 +174,8 @@ def evaluate_files(
             scored, attribution.outcomes, duplicates, counts, settings, setlevel=setlevel
         )
         report["ab"] = ab_json(experiment_readouts(scored, settings))
+        report["settings"]["now"] = format_instant_ms(now_ms)
+        report["settings"]["max_future"] = settings.event_time.max_future
         if p.estimated and curve is None:
             report["settings"]["propensity"] += " (no curve: not applied)"
         if estimates:

@@ -13,6 +13,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from evaluator.batches import PipelineStats
+from evaluator.events import InvalidReason
 
 
 class PipelineCollector(Collector):
@@ -40,7 +41,9 @@ class PipelineCollector(Collector):
         invalid = CounterMetricFamily(
             "recsys_eval_invalid_events", "Invalid events by reason.", labels=["reason"]
         )
-        for reason, n in sorted(s.invalid.items()):
+        # every reason from the start, at 0: an alert's increase() sees the first ones
+        reasons = {r.value: 0 for r in InvalidReason} | dict(s.invalid)
+        for reason, n in sorted(reasons.items()):
             invalid.add_metric([reason], n)
         unmatched = CounterMetricFamily(
             "recsys_eval_unmatched_interactions",
