@@ -111,14 +111,18 @@ before the damage."""
 
 def _instant(flag: str, value: str | None) -> int | None:
     """An instant flag in epoch ms (None when not given); one line (exit 2) when bad."""
+    from evaluator.events import MAX_TIMESTAMP_MS
     from evaluator.timeutil import parse_instant_ms
 
     if value is None:
         return None
     try:
-        return parse_instant_ms(int(value) if value.strip().isdigit() else value)
+        ms = parse_instant_ms(int(value) if value.strip().isdigit() else value)
     except ValueError as exc:
         raise UsageError(f"{flag}: {exc}") from None
+    if not 0 <= ms <= MAX_TIMESTAMP_MS:
+        raise UsageError(f"{flag}: {value} is not between 1970 and 9999")
+    return ms
 
 
 def _readable(path: Path) -> None:
@@ -240,7 +244,15 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     else:
         sink = FileSink(args.out_dir)
     progress = False if args.no_progress else None
-    simulator = simulate(config, sink, args.requests, rate=args.rate, stop=stop, progress=progress)
+    simulator = simulate(
+        config,
+        sink,
+        args.requests,
+        rate=args.rate,
+        stop=stop,
+        progress=progress,
+        live=args.kafka and args.start_ms is None,
+    )
     truth_path = args.truth or (args.out_dir / "truth.json" if args.out_dir else None)
     write_truth(simulator, truth_path)
     if truth_path is not None:
@@ -272,7 +284,12 @@ def _add_simulate(sub: argparse._SubParsersAction[_Parser]) -> None:
     p.add_argument("--out-of-order-fraction", type=float)
     p.add_argument("--duplicate-fraction", type=float)
     p.add_argument("--malformed-fraction", type=float)
-    p.add_argument("--start-ms", type=int, help="first event time (default: 2026-01-01 / now)")
+    p.add_argument(
+        "--start-ms",
+        type=int,
+        help="first event time (default: 2026-01-01; with --kafka, now, and each event is "
+        "produced once the wall clock reaches its time, as live traffic)",
+    )
     p.add_argument("--truth", type=Path, help="ground-truth JSON path (default: stdout/out-dir)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_cmd_simulate)

@@ -334,6 +334,8 @@ class Simulator:
             released = self._release(self._generate(n))
             if released:
                 yield released
-        rest = self._release(float("inf"))
-        if rest:
-            yield rest
+        # what is still to arrive (interactions after the last impression), a second of
+        # event time at a time: ``clock_ms`` stays the newest time released
+        while self._pending:
+            self.clock_ms = max(self.clock_ms, float(self._pending[0][0] + 999))
+            yield self._release(self.clock_ms)

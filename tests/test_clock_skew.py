@@ -10,11 +10,13 @@ import threading
 import time
 import urllib.request
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import redis
 from kafka import KafkaConsumer
 
 from evaluator.batches import PartitionBatch, Rejected
@@ -26,6 +28,8 @@ from tests.live import LiveEnv, free_port, new_env, produce_paced, stop, wait_un
 from tests.livecheck import SENTINEL_VARIANT, FakeClock, partition_of
 
 DAY = 86_400_000
+Bad = list[tuple[str, dict[str, Any]]]
+"""Events of a bad clock, by kind."""
 
 
 def users_by_partition(partitions: int, prefix: str) -> list[str]:
@@ -78,11 +82,12 @@ def run(
     settings: Settings,
     events: EventSet,
     partitions: int,
-    bad: list[tuple[str, dict[str, Any]]],
+    bad: Bad | Callable[[int], Bad],
 ) -> tuple[MemoryStore, Tasks, list[Rejected]]:
     """Deliver the events in event-time order (a little jitter), the clock a second after
-    each batch's newest event as when consuming live traffic; ``bad`` arrives on its
-    own mid-stream (the other batches are the same with or without it)."""
+    each batch's newest event as when consuming live traffic; ``bad`` (or what it returns
+    for the clock then) arrives on its own mid-stream (the other batches are the same
+    with or without it)."""
     store = MemoryStore(settings.layout(partitions))
     clock = FakeClock()
     tasks = Tasks(store, settings, partitions, clock_ms=clock)
@@ -93,11 +98,14 @@ def run(
     stream.sort(key=lambda ke: ke[1]["timestamp"] + rng.randrange(0, 3_000))
     chunks = [stream[i : i + 64] for i in range(0, len(stream), 64)]
     middle = len(chunks) // 2
-    chunks = [*chunks[:middle], bad, *chunks[middle:]] if bad else chunks
+    plan: list[Bad | None] = [*chunks[:middle], None, *chunks[middle:]] if bad else chunks
     offsets: dict[str, int] = defaultdict(int)
     letters: list[Rejected] = []
-    for chunk in chunks:
-        if chunk is not bad:
+    for planned in plan:
+        if planned is None:
+            chunk = bad(clock.now) if callable(bad) else bad
+        else:
+            chunk = planned
             clock.now = max(e["timestamp"] for _, e in chunk) + 1_000
         parts: dict[str, list[bytes]] = defaultdict(list)
         for kind, e in chunk:
@@ -158,19 +166,42 @@ def test_without_the_check_one_pair_finalises_everything_early() -> None:
     assert dirty_tasks.stats.late > clean_tasks.stats.late + 50
 
 
+def requests_in(store: MemoryStore, settings: Settings) -> float:
+    longest = max(settings.layout().windows_ms)
+    return sum(float(b[..., 0].sum()) for b in store.blocks(longest).values())
+
+
 def test_an_event_within_max_future_is_applied() -> None:
-    """Seconds of skew (an NTP-synced producer) are normal: such a pair counts."""
+    """Seconds of skew (an NTP-synced producer) are normal: a pair 30 s ahead of the
+    clock counts."""
     settings = load_settings(environ={})
     events = generate(8, requests=600, users=40)
-    middle = sorted(e["timestamp"] for e in events.impressions)[len(events.impressions) // 2]
-    # the clock at the pair's batch is the previous batch's newest event + 1 s
-    store, tasks, letters = run(settings, events, 1, bad_pairs(1, middle + 30_000))
+    stamps: list[int] = []
+
+    def ahead(now: int) -> Bad:
+        stamps.append(now)
+        return bad_pairs(1, now + 30_000)
+
+    store, tasks, letters = run(settings, events, 1, ahead)
     clean, _, _ = run(settings, events, 1, [])
-    assert letters == [] and tasks.stats.invalid == {}
-    longest = max(settings.layout().windows_ms)
-    got, want = store.blocks(longest), clean.blocks(longest)
-    requests = sum(float(b[..., 0].sum()) for b in got.values())
-    assert requests == sum(float(b[..., 0].sum()) for b in want.values()) + 1
+    assert stamps and letters == [] and tasks.stats.invalid == {}
+    assert requests_in(store, settings) == requests_in(clean, settings) + 1
+
+
+def test_max_future_is_inclusive_to_the_millisecond() -> None:
+    settings = load_settings(environ={})  # max_future 1m
+    events = generate(8, requests=600, users=40)
+
+    def edge(now: int) -> Bad:
+        imp, _ = bad_pairs(1, now + 60_000)
+        late, _ = bad_pairs(1, now + 60_001, prefix="later")
+        return [imp, late]
+
+    store, tasks, letters = run(settings, events, 1, edge)
+    clean, _, _ = run(settings, events, 1, [])
+    assert [json.loads(r.payload)["user_id"] for r in letters] == ["later-0"]
+    assert tasks.stats.invalid == {"future_timestamp": 1}
+    assert requests_in(store, settings) == requests_in(clean, settings) + 1
 
 
 # --- live: `evaluator run` against the real broker and Redis, default settings ------------
@@ -271,6 +302,18 @@ def dead_letters(env: LiveEnv) -> list[tuple[str, dict[str, bytes], bytes]]:
     return out
 
 
+def forget(env: LiveEnv) -> None:
+    """Delete the run's keys: its data is recent, so its window blocks would live for
+    their TTL (the 5 m window alone keeps ~220 MB of 25 s buckets per run for an hour)."""
+    client = redis.Redis.from_url(env.redis_url)
+    try:
+        names = list(client.scan_iter(match=f"{{{env.name}:*", count=10_000))
+        for start in range(0, len(names), 1_000):
+            client.unlink(*names[start : start + 1_000])
+    finally:
+        client.close()
+
+
 def live_run(
     env: LiveEnv, stream: list[tuple[str, dict[str, Any]]], log: Path
 ) -> tuple[subprocess.Popen[bytes], int, threading.Thread]:
@@ -289,7 +332,10 @@ def settled(
     state: dict = {}
 
     def done() -> bool:
-        metrics = scrape(port)
+        try:
+            metrics = scrape(port)
+        except OSError:  # not serving yet (it starts while the stream is produced)
+            return False
         consumed = {
             dict(labels)["topic"]: v
             for (name, labels), v in metrics.items()
@@ -367,6 +413,8 @@ def test_live_readout_ignores_a_producer_with_a_wrong_clock(
             runs[name] = settled(envs[name], proc, port, produced, late)
     finally:
         stop([p for p, _, _ in procs.values()])
+        for env in envs.values():
+            forget(env)
     clean, dirty = runs["clean"], runs["dirty"]
     want, got = readout_24h(clean["metrics"]), readout_24h(dirty["metrics"])
     assert got.keys() == want.keys() and len(want) > 20

@@ -21,18 +21,26 @@ def tasks_on(store, settings, write_behind: bool = False) -> Tasks:
     return tasks
 
 
-@pytest.mark.parametrize(("seed", "write_behind"), [(21, False), (22, False), (21, True)])
-def test_live_path_equals_replay(tmp_path, make_store, seed: int, write_behind: bool) -> None:
+@pytest.mark.parametrize(
+    ("seed", "write_behind", "follow"),
+    [(21, False, True), (22, False, True), (21, True, True), (21, False, False)],
+)
+def test_live_path_equals_replay(
+    tmp_path, make_store, seed: int, write_behind: bool, follow: bool
+) -> None:
     """Keyed producers (``trust``): every partition on its own event time; checkpoints
-    written before each poll returns, or behind it (as ``evaluator run`` does)."""
+    written before each poll returns, or behind it (as ``evaluator run`` does); the
+    wall clock following the data (a checkpoint each poll), or a backlog consumed in
+    a few milliseconds (many polls behind one checkpoint)."""
+    event_time = {"max_out_of_orderness": "5s", "max_future": "1m" if follow else 0}
     settings = load_settings(
         environ={},
-        overrides={"event_time": {"max_out_of_orderness": "5s"}, "kafka": {"partitioner": "trust"}},
+        overrides={"event_time": event_time, "kafka": {"partitioner": "trust"}},
     )
     store = make_store(settings.layout(PARTITIONS))
     tasks = tasks_on(store, settings, write_behind)
     events = generate(seed)
-    seen_at = feed(tasks, events, seed)
+    seen_at = feed(tasks, events, seed, follow=follow)
     compare_with_replay(store, events, settings, tmp_path)
     # Interactions naming a request whose deadline the watermark had passed are late;
     # replay finds them outside the attribution window, so the aggregates agree regardless.

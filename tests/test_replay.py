@@ -139,6 +139,13 @@ def test_gzip_input_and_table_output(tmp_path, capsys) -> None:
             "--now",
             "yesterday",
         ],
+        [
+            "replay",
+            str(EXAMPLES / "impressions.jsonl"),
+            str(EXAMPLES / "interactions.jsonl"),
+            "--now",
+            "300000000000000",
+        ],
     ],
 )
 def test_usage_errors_exit_2_with_one_line(args: list[str]) -> None:

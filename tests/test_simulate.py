@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,44 @@ def test_rate_limiter_paces_in_wall_clock_time() -> None:
     now[0] += 0.5
     assert limiter.delay(500) == pytest.approx(0.5)
     assert RateLimiter(0).delay(10**9) == 0
+
+
+class StampedSink:
+    """Records how far each event is stamped ahead of the wall clock when it is sent."""
+
+    def __init__(self) -> None:
+        self.ahead_ms: list[int] = []
+
+    def send(self, kind: str, key: bytes, payload: bytes) -> None:
+        try:  # the simulator injects malformed events too
+            stamp = json.loads(payload).get("timestamp")
+        except (ValueError, AttributeError):
+            return
+        if isinstance(stamp, int):
+            self.ahead_ms.append(stamp - time.time_ns() // 1_000_000)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("live", [True, False])
+def test_live_traffic_is_never_stamped_ahead_of_the_clock(live: bool) -> None:
+    """``simulate --kafka`` (live: event time from now): each event waits for its time,
+    else an evaluator would refuse the traffic as from the future. Without ``live`` the
+    same traffic (500 requests/s of event time, produced as fast as possible) runs ahead."""
+    config = SimulationConfig(
+        seed=3, requests_per_second=500.0, start_ms=time.time_ns() // 1_000_000
+    )
+    sink = StampedSink()
+    simulate(config, sink, 600, progress=False, live=live)
+    assert len(sink.ahead_ms) > 1_000
+    if live:
+        assert max(sink.ahead_ms) <= 5  # a few ms for the clock read after the wait
+    else:
+        assert max(sink.ahead_ms) > 500
 
 
 @pytest.fixture(scope="module")
