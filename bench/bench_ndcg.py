@@ -15,7 +15,7 @@ import math
 import numpy as np
 from _common import machine, median_rate
 
-from evaluator.metrics.ndcg import ndcg
+from evaluator.core.metrics.ndcg import ndcg
 
 
 def naive(rows: list[list[int]], k: int) -> list[float]:

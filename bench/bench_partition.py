@@ -28,11 +28,11 @@ import uuid
 import redis
 from _common import machine
 
+from evaluator.adapters.redis.store import RedisStore, connect
 from evaluator.config import load_settings
-from evaluator.events import InteractionBatch, decode_impressions
-from evaluator.runtime import tune_gc
-from evaluator.stores.redis import RedisStore, connect
-from evaluator.tasks import Tasks
+from evaluator.core.events import InteractionBatch, decode_impressions
+from evaluator.engine.runtime import tune_gc
+from evaluator.engine.tasks import Tasks
 
 T0 = 1_700_000_000_000
 

@@ -1,7 +1,7 @@
 """Cost of propensity estimation: live pipeline events/s with and without it.
 
 The same simulated traffic (``evaluator simulate``'s generator) is processed by
-the live path (:class:`evaluator.tasks.Tasks`, one partition) on the embedded
+the live path (:class:`evaluator.engine.tasks.Tasks`, one partition) on the embedded
 store, once with ``propensity.estimator = "none"`` and once with ``"em"`` plus
 ``model = "estimated"`` (counters at every finalisation and a curve per window
 bucket). Also times one EM fit on the
@@ -14,12 +14,12 @@ import time
 
 from _common import machine, median_rate
 
-from evaluator.batches import PartitionBatch
+from evaluator.adapters.memory import MemoryStore
 from evaluator.config import load_settings
-from evaluator.propensity_estimation import estimate
-from evaluator.simulate import SimulationConfig, Simulator
-from evaluator.stores.memory import MemoryStore
-from evaluator.tasks import Tasks
+from evaluator.core.propensity.estimation import estimate
+from evaluator.core.simulator import SimulationConfig, Simulator
+from evaluator.engine.batches import PartitionBatch
+from evaluator.engine.tasks import Tasks
 
 REQUESTS = 20_000
 

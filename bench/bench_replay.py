@@ -15,7 +15,7 @@ from pathlib import Path
 import msgspec
 from _common import machine, median_rate, synthetic_events
 
-from evaluator.commands.replay import evaluate_files
+from evaluator.app.replay import evaluate_files
 from evaluator.config import load_settings
 
 T0 = 1_700_000_000_000

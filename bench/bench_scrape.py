@@ -24,12 +24,12 @@ import numpy as np
 from _common import machine
 from prometheus_client import CollectorRegistry, generate_latest
 
+from evaluator.adapters.prometheus.collector import WindowCollector
+from evaluator.adapters.redis.store import RedisStore, connect
+from evaluator.adapters.web.http import Refreshed, serve
 from evaluator.config import load_settings
+from evaluator.core.finalise import Finalised, OpenRequest
 from evaluator.engine.checkpoint import Delta
-from evaluator.exporters.http import Refreshed, serve
-from evaluator.exporters.prometheus import WindowCollector
-from evaluator.finalise import Finalised, OpenRequest
-from evaluator.stores.redis import RedisStore, connect
 
 T0 = 1_700_000_000_000
 DAY = 86_400_000

@@ -13,7 +13,7 @@ from pathlib import Path
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 
-from evaluator.commands.demo import demo_tree, run_demo
+from evaluator.app.demo import demo_tree, run_demo
 from evaluator.config import load_settings
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "img" / "dashboard.png"

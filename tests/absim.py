@@ -6,7 +6,7 @@ make an overdispersed number of requests (negative binomial, mean 3, variance
 engagement rate and their own nDCG level (per-user effects, many requests with
 no relevant item). Each look sums the users arrived so far into 128 user buckets
 per arm, as the cumulative experiment blocks hold them, and hands them to
-:func:`evaluator.ab.read_experiment` (the exporter's own readout).
+:func:`evaluator.core.ab.readout.read_experiment` (the exporter's own readout).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from evaluator.ab import ReadoutRules, read_experiment
-from evaluator.experiments import Experiment
-from evaluator.stats import SequentialTracker
+from evaluator.core.ab.readout import ReadoutRules, read_experiment
+from evaluator.core.ab.stats import SequentialTracker
+from evaluator.core.experiments import Experiment
 
 BUCKETS = 128
 K = 10

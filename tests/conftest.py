@@ -90,7 +90,7 @@ def key_prefix() -> str:
 @pytest.fixture(params=["memory", "redis", "redis-cluster"])
 def make_store(request: pytest.FixtureRequest, key_prefix: str) -> Iterator:
     """A factory building a fresh state store of each kind for a layout."""
-    from evaluator.stores.memory import MemoryStore
+    from evaluator.adapters.memory import MemoryStore
 
     created = []
 
@@ -98,7 +98,7 @@ def make_store(request: pytest.FixtureRequest, key_prefix: str) -> Iterator:
         if request.param == "memory":
             store = MemoryStore(layout, **options)
         else:
-            from evaluator.stores.redis import RedisStore, connect
+            from evaluator.adapters.redis.store import RedisStore, connect
 
             cluster = request.param == "redis-cluster"
             url = request.getfixturevalue("redis_cluster_url" if cluster else "redis_url")

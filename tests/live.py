@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kafka import KafkaProducer
+from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 
+from evaluator.adapters.redis.store import RedisStore, connect
 from evaluator.config import Settings, load_settings
-from evaluator.stores.redis import RedisStore, connect
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -202,7 +202,7 @@ def stop(procs: Iterable[subprocess.Popen[bytes]]) -> None:
 @contextlib.contextmanager
 def running_demo(requests_per_s: float) -> Iterator[str]:
     """`evaluator demo` (embedded store) on a free port in a thread; yields its base URL."""
-    from evaluator.commands.demo import demo_tree, run_demo
+    from evaluator.app.demo import demo_tree, run_demo
 
     port = free_port()
     settings = load_settings(environ={}, overrides=demo_tree({"http": {"port": port}}))
@@ -300,6 +300,20 @@ class KafkaBroker:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+
+
+def dead_letters(env: LiveEnv) -> list[tuple[str, dict[str, bytes], bytes]]:
+    """Every record of the input topics' dead-letter topics: topic, headers, value."""
+    consumer = KafkaConsumer(
+        f"{env.name}-impressions.dlq",
+        f"{env.name}-interactions.dlq",
+        bootstrap_servers=env.bootstrap,
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=5_000,
+    )
+    out = [(m.topic, dict(m.headers), m.value) for m in consumer]
+    consumer.close()
+    return out
 
 
 def has_sample(text: str, name: str, **labels: str) -> bool:

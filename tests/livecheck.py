@@ -11,15 +11,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from evaluator.batches import PartitionBatch
-from evaluator.commands.replay import evaluate_files, load_events
+from evaluator.app.replay import evaluate_files, load_events
 from evaluator.config import Settings
-from evaluator.partitioner import PartitionOf
-from evaluator.propensity_estimation import increments
-from evaluator.replay import attribute, dedupe_impressions
-from evaluator.replay import observations as observations_of
-from evaluator.stores.base import StateStore
-from evaluator.tasks import Tasks
+from evaluator.core.batch import attribute, dedupe_impressions
+from evaluator.core.batch import observations as observations_of
+from evaluator.core.propensity.estimation import increments
+from evaluator.engine.batches import PartitionBatch
+from evaluator.engine.partitioner import PartitionOf
+from evaluator.engine.ports import StateStore
+from evaluator.engine.tasks import Tasks
 from tests.eventgen import EventSet
 
 SENTINEL_VARIANT = "zz-sentinel"
@@ -225,7 +225,7 @@ def expected_propensity_counts(imp: Path, inter: Path, settings: Settings) -> di
     """Propensity counters replay derives from the same events (without the sentinel)."""
     imps, ints, _ = load_events(imp, inter, settings, progress=False)
     requests = dedupe_impressions(imps)
-    attribution = attribute(requests, ints, settings)
+    attribution = attribute(requests, ints, settings.join.rules())
     observations = [
         obs
         for obs, event in zip(observations_of(requests, attribution), requests.events, strict=True)

@@ -13,7 +13,7 @@ from collections import Counter
 
 import numpy as np
 
-from evaluator.propensity_estimation import Observation, increments
+from evaluator.core.propensity.estimation import Observation, increments
 
 POSITIONS = 10
 

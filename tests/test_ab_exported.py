@@ -21,12 +21,12 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from evaluator.batches import PartitionBatch
+from evaluator.adapters.memory import MemoryStore
+from evaluator.adapters.prometheus.collector import WindowCollector
 from evaluator.config import load_settings
-from evaluator.exporters.prometheus import WindowCollector
-from evaluator.stats import SRM_CONCENTRATION
-from evaluator.stores.memory import MemoryStore
-from evaluator.tasks import Tasks
+from evaluator.core.ab.stats import SRM_CONCENTRATION
+from evaluator.engine.batches import PartitionBatch
+from evaluator.engine.tasks import Tasks
 from tests.livecheck import FakeClock
 from tests.reference import srm_sequential_p
 

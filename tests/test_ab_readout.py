@@ -1,7 +1,7 @@
 """The A/B readout as exported, against simulated user-randomised experiments.
 
 Each simulated experiment (see :mod:`tests.absim`) is read at many looks through
-:func:`evaluator.ab.read_experiment`, the function the Prometheus exporter and
+:func:`evaluator.core.ab.readout.read_experiment`, the function the Prometheus exporter and
 the dashboard render, on cumulative blocks shaped as the store returns them.
 The truth is known: A/A experiments have no difference, so any interval
 excluding 0 is a false positive; the sequential interval promises at most
@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from evaluator.ab import ReadoutRules, read_experiment
-from evaluator.experiments import Experiment
+from evaluator.core.ab.readout import ReadoutRules, read_experiment
+from evaluator.core.experiments import Experiment
 from tests.absim import COLUMNS, K, Traffic, run
 
 EXPERIMENTS = 500

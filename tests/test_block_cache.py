@@ -3,8 +3,8 @@ contract and scrape tests)."""
 
 import numpy as np
 
-from evaluator.stores.block_cache import BlockCache
-from evaluator.windows import AggregateLayout
+from evaluator.adapters.redis.block_cache import BlockCache
+from evaluator.core.windows import AggregateLayout
 
 LAYOUT = AggregateLayout(ks=(10,), windows_ms=(60_000,), user_buckets=4, shards=2)
 W = 60_000

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from evaluator.bounds import FORWARDING_SPAN, MARKS_EVERY_MS, NO_LIMIT, ForwardingBounds, fresher
+from evaluator.engine.bounds import (
+    FORWARDING_SPAN,
+    MARKS_EVERY_MS,
+    NO_LIMIT,
+    ForwardingBounds,
+    fresher,
+)
 from evaluator.engine.checkpoint import Marks
 
 IDLE_MS = 1_000

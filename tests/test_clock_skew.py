@@ -17,14 +17,21 @@ from typing import Any
 import numpy as np
 import pytest
 import redis
-from kafka import KafkaConsumer
 
-from evaluator.batches import PartitionBatch, Rejected
+from evaluator.adapters.memory import MemoryStore
 from evaluator.config import Settings, load_settings
-from evaluator.stores.memory import MemoryStore
-from evaluator.tasks import Tasks
+from evaluator.engine.batches import PartitionBatch, Rejected
+from evaluator.engine.tasks import Tasks
 from tests.eventgen import EventSet, generate
-from tests.live import LiveEnv, free_port, new_env, produce_paced, stop, wait_until
+from tests.live import (
+    LiveEnv,
+    dead_letters,
+    free_port,
+    new_env,
+    produce_paced,
+    stop,
+    wait_until,
+)
 from tests.livecheck import SENTINEL_VARIANT, FakeClock, partition_of
 
 DAY = 86_400_000
@@ -286,20 +293,6 @@ def requests_24h(metrics: dict) -> float:
         for (name, labels), v in readout_24h(metrics).items()
         if name == "recsys_eval_requests" and ("cohort", "all") in labels
     )
-
-
-def dead_letters(env: LiveEnv) -> list[tuple[str, dict[str, bytes], bytes]]:
-    """Every record of the input topics' dead-letter topics: topic, headers, value."""
-    consumer = KafkaConsumer(
-        f"{env.name}-impressions.dlq",
-        f"{env.name}-interactions.dlq",
-        bootstrap_servers=env.bootstrap,
-        auto_offset_reset="earliest",
-        consumer_timeout_ms=5_000,
-    )
-    out = [(m.topic, dict(m.headers), m.value) for m in consumer]
-    consumer.close()
-    return out
 
 
 def forget(env: LiveEnv) -> None:

@@ -2,7 +2,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from evaluator.cohort import COLD_START, ESTABLISHED, cohort_codes, earlier_counts
+from evaluator.core.cohort import COLD_START, ESTABLISHED, cohort_codes, earlier_counts
 
 events = st.lists(st.tuples(st.integers(0, 4), st.integers(0, 50)), max_size=40)
 

@@ -11,9 +11,9 @@ from collections import Counter, defaultdict
 import numpy as np
 import pytest
 
-from evaluator.finalise import Finalised, OpenRequest
-from evaluator.stores.commit_payload import block_increments, coverage_updates
-from evaluator.windows import AggregateLayout
+from evaluator.core.finalise import Finalised, OpenRequest
+from evaluator.core.windows import AggregateLayout
+from evaluator.engine.commit_payload import block_increments, coverage_updates
 
 T0 = 1_700_000_000_000
 

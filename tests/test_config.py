@@ -1,8 +1,8 @@
 import pytest
 
-from evaluator.cli import main
+from evaluator.app.cli import main
 from evaluator.config import ConfigError, env_overrides, load_settings
-from evaluator.propensity import PowerLaw
+from evaluator.core.propensity.models import PowerLaw
 
 
 def write(tmp_path, text: str):
@@ -126,7 +126,7 @@ def test_estimated_propensity_needs_an_estimator() -> None:
 
 
 def test_cli_flags_override_file_and_environment(monkeypatch) -> None:
-    from evaluator.cli import _service_overrides, build_parser
+    from evaluator.app.cli import _service_overrides, build_parser
 
     args = build_parser().parse_args(["run", "--redis-url", "redis://r:1/2", "--port", "9"])
     monkeypatch.setenv("EVALUATOR_REDIS__URL", "redis://env:6379/0")
@@ -144,7 +144,7 @@ def test_logs_are_json_lines_when_not_on_a_terminal() -> None:
     import json
     import logging
 
-    from evaluator.logs import setup_logging
+    from evaluator.app.logs import setup_logging
 
     stream = io.StringIO()
     handler = setup_logging(stream=stream)

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from evaluator.metrics.cutoff import cutoff_scores
+from evaluator.core.metrics.cutoff import cutoff_scores
 from tests import reference
 
 

@@ -7,9 +7,9 @@ import urllib.request
 
 import pytest
 
-from evaluator.commands.demo import demo_tree, run_demo
+from evaluator.adapters.memory import MemoryStore
+from evaluator.app.demo import demo_tree, run_demo
 from evaluator.config import load_settings
-from evaluator.stores.memory import MemoryStore
 from tests.live import has_sample, running_demo, wait_until
 
 DEMO_REQUESTS = 12_000

@@ -12,14 +12,14 @@ import msgspec
 import numpy as np
 import pytest
 
-from evaluator.commands.replay import evaluate_files
+from evaluator.app.replay import evaluate_files
 from evaluator.config import load_settings
+from evaluator.core.events import decode_impressions, decode_interactions
+from evaluator.core.finalise import Finalised
 from evaluator.engine.partition import EngineConfig, PartitionEngine
 from evaluator.engine.records import SharedStrings
 from evaluator.engine.restore import restore_state
 from evaluator.engine.state import PartitionState
-from evaluator.events import decode_impressions, decode_interactions
-from evaluator.finalise import Finalised
 from tests.eventgen import EventSet, generate
 from tests.livecheck import compare_totals
 

@@ -3,8 +3,13 @@ from pathlib import Path
 
 import pytest
 
-from evaluator.events import InvalidReason, decode_impressions, decode_interactions, json_schemas
-from evaluator.relevance import BUILTIN_PROFILES
+from evaluator.core.events import (
+    InvalidReason,
+    decode_impressions,
+    decode_interactions,
+    json_schemas,
+)
+from evaluator.core.relevance import BUILTIN_PROFILES
 
 ECOM = BUILTIN_PROFILES["ecommerce"]
 VIDEO = BUILTIN_PROFILES["video"]

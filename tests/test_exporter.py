@@ -10,15 +10,15 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from evaluator.commands.replay import evaluate_files
+from evaluator.adapters.memory import MemoryStore
+from evaluator.adapters.prometheus.collector import WindowCollector
+from evaluator.adapters.prometheus.pipeline import PipelineCollector
+from evaluator.adapters.web.http import serve
+from evaluator.app.replay import evaluate_files
 from evaluator.config import load_settings
-from evaluator.exporters.http import serve
-from evaluator.exporters.pipeline_metrics import PipelineCollector
-from evaluator.exporters.prometheus import WindowCollector
-from evaluator.stats import SRM_CONCENTRATION
-from evaluator.stores.memory import MemoryStore
-from evaluator.tasks import Tasks
-from evaluator.windows_read import OTHER, cap_variants, window_totals
+from evaluator.core.ab.stats import SRM_CONCENTRATION
+from evaluator.engine.tasks import Tasks
+from evaluator.readout.windows import OTHER, cap_variants, window_totals
 from tests.eventgen import generate
 from tests.livecheck import SENTINEL_VARIANT, FakeClock, feed, sentinel
 from tests.reference import srm_sequential_p
@@ -288,7 +288,7 @@ def test_rbo_with_shadow_rankings(tmp_path) -> None:
 def test_readout_refreshes_in_the_background() -> None:
     import threading
 
-    from evaluator.exporters.http import Refreshed
+    from evaluator.adapters.web.http import Refreshed
 
     calls: list[int] = []
     refreshed = threading.Event()

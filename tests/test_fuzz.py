@@ -11,10 +11,10 @@ from collections import Counter
 
 import pytest
 
-from evaluator.commands.replay import evaluate_files
+from evaluator.app.replay import evaluate_files
 from evaluator.config import load_settings
-from evaluator.events import InvalidReason, decode_impressions, decode_interactions
-from evaluator.relevance import BUILTIN_PROFILES
+from evaluator.core.events import InvalidReason, decode_impressions, decode_interactions
+from evaluator.core.relevance import BUILTIN_PROFILES
 from tests.eventgen import generate
 from tests.fuzz import bad_payloads
 
@@ -84,8 +84,8 @@ def test_replay_counts_fuzzed_lines_and_keeps_the_good_ones_exact(
 def test_live_path_dead_letters_fuzzed_payloads(kafka_bootstrap, redis_url, tmp_path) -> None:
     """A share of the payloads through the real broker and Redis, among a data set:
     each bad one is dead-lettered with its reason, and the aggregates equal replay."""
-    from tests.live import new_env
-    from tests.test_live_kafka import dataset, dead_letters, finish, produce_events
+    from tests.live import dead_letters, new_env
+    from tests.test_live_kafka import dataset, finish, produce_events
 
     env = new_env(kafka_bootstrap, redis_url)
     events, late = dataset(41, env.settings())
@@ -97,7 +97,7 @@ def test_live_path_dead_letters_fuzzed_payloads(kafka_bootstrap, redis_url, tmp_
     finish(env, events, late, [proc], tmp_path)
     letters = dead_letters(env)
     assert len(letters) == len(bad)
-    topics = Counter(topic.rsplit("-", 1)[-1] for topic, _ in letters)
+    topics = Counter(topic.rsplit("-", 1)[-1] for topic, _, _ in letters)
     assert topics == {"impressions.dlq": 500, "interactions.dlq": 500}
-    assert {h["reason"].decode() for _, h in letters} <= {r.value for r in InvalidReason}
+    assert {h["reason"].decode() for _, h, _ in letters} <= {r.value for r in InvalidReason}
     assert "Traceback" not in (tmp_path / "run.log").read_text()

@@ -1,6 +1,6 @@
 import pytest
 
-from evaluator.join import (
+from evaluator.core.join import (
     JoinOutcome,
     JoinRules,
     in_window,
@@ -54,7 +54,7 @@ def test_batch_request_join_equals_one_by_one() -> None:
 
     import numpy as np
 
-    from evaluator.join import OUTCOME_CODES, join_by_request_batch
+    from evaluator.core.join import OUTCOME_CODES, join_by_request_batch
 
     rng = random.Random(4)
     rules = JoinRules(attribution_window_ms=1_000, max_clock_skew_ms=100)
@@ -81,7 +81,7 @@ def test_batch_user_join_equals_one_by_one(seed: int) -> None:
 
     import numpy as np
 
-    from evaluator.join import (
+    from evaluator.core.join import (
         UserImpressions,
         join_by_user_batch,
         join_by_user_each,

@@ -17,11 +17,11 @@ import urllib.request
 from typing import Any
 
 import pytest
-from kafka import KafkaConsumer
 
 from tests.eventgen import EventSet, generate
 from tests.live import (
     ROOT,
+    dead_letters,
     free_port,
     has_sample,
     new_env,
@@ -140,19 +140,6 @@ def finish(
     store.close()
 
 
-def dead_letters(env) -> list[tuple[str, dict[str, bytes]]]:
-    consumer = KafkaConsumer(
-        f"{env.name}-impressions.dlq",
-        f"{env.name}-interactions.dlq",
-        bootstrap_servers=env.bootstrap,
-        auto_offset_reset="earliest",
-        consumer_timeout_ms=5_000,
-    )
-    out = [(m.topic, dict(m.headers)) for m in consumer]
-    consumer.close()
-    return out
-
-
 def test_live_run_equals_replay_and_dead_letters_bad_events(
     kafka_bootstrap, redis_url, tmp_path
 ) -> None:
@@ -180,7 +167,7 @@ def test_live_run_equals_replay_and_dead_letters_bad_events(
 
     finish(env, events, late, [proc], tmp_path, before_stop=scrape)
     letters = dead_letters(env)
-    reasons = sorted(h["reason"].decode() for _, h in letters)
+    reasons = sorted(h["reason"].decode() for _, h, _ in letters)
     assert reasons == sorted(
         [
             "undecodable",
@@ -190,8 +177,8 @@ def test_live_run_equals_replay_and_dead_letters_bad_events(
             "unknown_interaction_type",
         ]
     )
-    assert all(h["source"].startswith(f"{env.name}-".encode()) for _, h in letters)
-    assert [h["truncated_from"] for _, h in letters if "truncated_from" in h] == [
+    assert all(h["source"].startswith(f"{env.name}-".encode()) for _, h, _ in letters)
+    assert [h["truncated_from"] for _, h, _ in letters if "truncated_from" in h] == [
         str(len(HUGE)).encode()
     ]
 
@@ -289,7 +276,7 @@ def test_missing_dead_letter_topics_are_created_at_start(kafka_bootstrap, redis_
     import msgspec
     from kafka.admin import KafkaAdminClient
 
-    from evaluator.sources.kafka import KafkaSource
+    from evaluator.adapters.kafka import KafkaSource
 
     env = new_env(kafka_bootstrap, redis_url)
     kafka = msgspec.structs.replace(env.settings().kafka, dlq_suffix=".dead")
@@ -315,7 +302,7 @@ def test_with_latest_a_reload_reads_again_what_no_checkpoint_covers(
 
     import msgspec
 
-    from evaluator.sources.kafka import KafkaSource
+    from evaluator.adapters.kafka import KafkaSource
 
     env = new_env(kafka_bootstrap, redis_url, partitions=1)
     kafka = msgspec.structs.replace(
@@ -353,7 +340,7 @@ def test_a_valid_event_larger_than_the_defaults_is_forwarded(
     retry (over the producer's and the broker's 1 MiB) and its partition stalled."""
     from kafka import KafkaProducer
 
-    from evaluator.partitioner import murmur2_partitions
+    from evaluator.engine.partitioner import murmur2_partitions
 
     env = new_env(kafka_bootstrap, redis_url)
     events, late = dataset(37, env.settings(), requests=120, users=12)
@@ -384,8 +371,8 @@ def test_a_repartition_topic_smaller_than_the_inputs_stops_start_up(
     would refuse a valid forward forever: start-up stops with one line naming it."""
     from kafka.admin import KafkaAdminClient, NewTopic
 
+    from evaluator.adapters.kafka import KafkaSource
     from evaluator.config import ConfigError
-    from evaluator.sources.kafka import KafkaSource
 
     env = new_env(kafka_bootstrap, redis_url)
     kafka = env.settings().kafka
@@ -410,7 +397,7 @@ def test_a_forward_refused_as_too_large_is_dead_lettered(
     partition stalled)."""
     from kafka import KafkaProducer
 
-    from evaluator.partitioner import murmur2_partitions
+    from evaluator.engine.partitioner import murmur2_partitions
 
     env = new_env(kafka_bootstrap, redis_url)
     events, late = dataset(38, env.settings(), requests=120, users=12)
@@ -430,5 +417,5 @@ def test_a_forward_refused_as_too_large_is_dead_lettered(
     proc = env.start(tmp_path / "run.log")
     finish(env, events, late, [proc], tmp_path)
     letters = dead_letters(env)
-    assert [h["reason"] for _, h in letters] == [b"too_large_to_forward"]
+    assert [h["reason"] for _, h, _ in letters] == [b"too_large_to_forward"]
     assert letters[0][1]["source"].startswith(f"{env.name}-impressions/".encode())

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evaluator.metrics.ndcg import dcg, ndcg
+from evaluator.core.metrics.ndcg import dcg, ndcg
 from tests import reference
 
 grade_lists = st.lists(st.integers(min_value=0, max_value=4), min_size=1, max_size=30)

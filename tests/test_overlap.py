@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from evaluator.metrics.overlap import jaccard_at_k, rbo
+from evaluator.core.metrics.overlap import jaccard_at_k, rbo
 from tests import reference
 
 

@@ -8,7 +8,7 @@ import zlib
 import pytest
 from kafka.partitioner.default import murmur2 as kafka_python_murmur2
 
-from evaluator.partitioner import PartitionOf, murmur2, murmur2_partitions
+from evaluator.engine.partitioner import PartitionOf, murmur2, murmur2_partitions
 
 # org.apache.kafka.common.utils.UtilsTest#testMurmur2
 JAVA_VECTORS = {

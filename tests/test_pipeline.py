@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from evaluator.adapters.memory import MemoryStore
 from evaluator.config import load_settings
-from evaluator.stores.memory import MemoryStore
-from evaluator.tasks import Tasks
+from evaluator.engine.tasks import Tasks
 from tests.eventgen import EventSet, generate
 from tests.livecheck import FakeClock, compare_with_replay, expected_late, feed
 
@@ -93,9 +93,9 @@ def test_events_on_the_wrong_partition_are_forwarded_to_their_users(tmp_path) ->
 
 
 def test_an_untagged_repartition_payload_is_counted_not_dropped() -> None:
-    from evaluator.batches import PartitionBatch
-    from evaluator.partitioner import PartitionOf
-    from evaluator.routing import Decoder
+    from evaluator.engine.batches import PartitionBatch
+    from evaluator.engine.partitioner import PartitionOf
+    from evaluator.engine.routing import Decoder
 
     settings = load_settings(environ={})
     decoder = Decoder(PartitionOf("murmur2", 3), settings.relevance.active())
@@ -163,7 +163,7 @@ def test_offsets_committed_to_kafka_are_those_the_store_accepted(
     import json
     from collections import defaultdict
 
-    from evaluator.batches import PartitionBatch
+    from evaluator.engine.batches import PartitionBatch
     from evaluator.engine.checkpoint import Outcome
     from tests.livecheck import partition_of
 
@@ -232,7 +232,7 @@ def test_a_partition_fenced_then_assigned_again_is_neither_paused_nor_reloaded(
     it as fenced (``evaluator run`` would pause the partition it now owns, for good)."""
     import json
 
-    from evaluator.batches import PartitionBatch
+    from evaluator.engine.batches import PartitionBatch
 
     settings = load_settings(environ={}, overrides={"kafka": {"partitioner": "trust"}})
     store = make_store(settings.layout(1))

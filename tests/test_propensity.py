@@ -3,8 +3,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from evaluator.metrics.ndcg import ndcg
-from evaluator.propensity import (
+from evaluator.core.metrics.ndcg import ndcg
+from evaluator.core.propensity.models import (
     NoBias,
     PositionTable,
     PowerLaw,
@@ -72,7 +72,7 @@ def test_an_estimated_curve_is_extended_by_its_power_law() -> None:
     """Past the estimated positions (propensity.positions, 10 by default, while K may be
     20) the curve keeps falling as the power law fitted to it, from its last value; it
     took that last value at every later position before."""
-    from evaluator.propensity import EstimatedCurve
+    from evaluator.core.propensity.models import EstimatedCurve
 
     curve = EstimatedCurve(tuple(float(k) ** -0.8 for k in range(1, 11)))
     theta = curve.theta(20)

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evaluator.cli import main
-from evaluator.commands.simulate import FileSink, simulate
-from evaluator.propensity_estimation import (
+from evaluator.app.cli import main
+from evaluator.app.simulate import FileSink, simulate
+from evaluator.core.propensity.estimation import (
     CLICK,
     SEP,
     Observation,
@@ -23,7 +23,7 @@ from evaluator.propensity_estimation import (
     tables,
     unpack,
 )
-from evaluator.simulate import SimulationConfig
+from evaluator.core.simulator import SimulationConfig
 
 RECOVERY_REQUESTS = 20_000
 """Requests (about 80,000 events) after which every estimator is within ETA_TOLERANCE."""

@@ -1,6 +1,6 @@
 import pytest
 
-from evaluator.relevance import BUILTIN_PROFILES, RelevanceProfile
+from evaluator.core.relevance import BUILTIN_PROFILES, RelevanceProfile
 
 
 def test_builtin_profiles() -> None:

@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evaluator.cli import main
-from evaluator.commands.replay import evaluate_files
+from evaluator.app.cli import main
+from evaluator.app.replay import evaluate_files
 from evaluator.config import load_settings
-from evaluator.propensity import PowerLaw, ips_weights
-from evaluator.report import render_table
-from evaluator.stats import SRM_CONCENTRATION
-from evaluator.timeutil import format_instant_ms, parse_instant_ms
+from evaluator.core.ab.stats import SRM_CONCENTRATION
+from evaluator.core.propensity.models import PowerLaw, ips_weights
+from evaluator.core.timeutil import format_instant_ms, parse_instant_ms
+from evaluator.readout.report import render_table
 from tests.eventgen import generate, naive_evaluate
 from tests.reference import srm_sequential_p
 
@@ -160,7 +160,7 @@ def test_usage_errors_exit_2_with_one_line(args: list[str]) -> None:
 def test_parallel_replay_gives_the_same_report(tmp_path, monkeypatch) -> None:
     """Large inputs are decoded and summarised in forked processes; the report must not
     change. Thresholds are lowered so the small example takes that path."""
-    from evaluator.commands import replay as command
+    from evaluator.app import replay as command
     from evaluator.config import load_settings
 
     events = generate(21)
@@ -177,7 +177,7 @@ def test_parallel_replay_gives_the_same_report(tmp_path, monkeypatch) -> None:
 
 
 def test_forked_errors_reach_the_parent() -> None:
-    from evaluator.forked import Forked
+    from evaluator.app.forked import Forked
 
     def boom() -> int:
         raise ValueError("no such thing")

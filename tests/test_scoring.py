@@ -1,13 +1,13 @@
 import numpy as np
 import pytest
 
-from evaluator.propensity import PowerLaw
-from evaluator.scoring import METRICS, ScoringConfig, score_requests, score_sparse
+from evaluator.core.propensity.models import PowerLaw
+from evaluator.core.scoring import METRICS, ScoringConfig, score_requests, score_sparse
 
 
 @pytest.mark.parametrize("propensity", [None, PowerLaw(1.0)])
 def test_sparse_scoring_equals_dense(monkeypatch, propensity) -> None:
-    from evaluator import scoring
+    from evaluator.core import scoring
 
     monkeypatch.setattr(scoring, "_CHUNK_CELLS", 500)  # force many chunks
     rng = np.random.default_rng(3)

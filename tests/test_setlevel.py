@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from evaluator.metrics.composite import composite_score
-from evaluator.metrics.setlevel import (
+from evaluator.core.metrics.composite import composite_score
+from evaluator.core.metrics.setlevel import (
     coverage_exact,
     coverage_sketch,
     distinct_by_cutoff,
@@ -10,7 +10,7 @@ from evaluator.metrics.setlevel import (
     encode_top,
     intra_list_diversity,
 )
-from evaluator.sketch import HyperLogLog, hash_strings
+from evaluator.core.sketch import HyperLogLog, hash_strings
 
 
 def test_coverage_exact() -> None:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from evaluator.cli import main
-from evaluator.commands.simulate import FileSink, RateLimiter, simulate
-from evaluator.simulate import SimulationConfig, Simulator
+from evaluator.app.cli import main
+from evaluator.app.simulate import FileSink, RateLimiter, simulate
+from evaluator.core.simulator import SimulationConfig, Simulator
 
 REQUESTS = 12_000
 TOLERANCE = 0.02

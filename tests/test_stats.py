@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from evaluator.stats import (
+from evaluator.core.ab.stats import (
     RatioEstimate,
     SequentialTracker,
     fixed_horizon,
@@ -151,7 +151,7 @@ def test_srm_flags_traffic_to_an_arm_the_split_gives_none(test) -> None:
     ],
 )
 def test_sequential_srm_is_the_dirichlet_multinomial_bayes_factor(counts, weights) -> None:
-    from evaluator.stats import SRM_CONCENTRATION
+    from evaluator.core.ab.stats import SRM_CONCENTRATION
     from tests.reference import srm_sequential_p
 
     share = [1.0] * len(counts) if weights is None else weights

@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 
 from evaluator.config import load_settings
+from evaluator.core.events import decode_impressions, decode_interactions
+from evaluator.core.finalise import FinaliseConfig, Finalised
+from evaluator.core.relevance import BUILTIN_PROFILES
 from evaluator.engine.checkpoint import Delta, Outcome
 from evaluator.engine.partition import PartitionEngine, StepCounts
 from evaluator.engine.restore import restore_state
-from evaluator.events import decode_impressions, decode_interactions
-from evaluator.finalise import FinaliseConfig, Finalised
-from evaluator.relevance import BUILTIN_PROFILES
-from evaluator.tasks import engine_config
+from evaluator.engine.tasks import engine_config
 
 SETTINGS = load_settings(environ={})
 CONFIG = SETTINGS.finalise_config()
@@ -585,7 +585,7 @@ def test_propensity_curve_of_a_bucket_is_fixed_by_the_first_proposal(make_store)
 
 
 def test_redis_refuses_state_of_another_layout(redis_url: str, key_prefix: str) -> None:
-    from evaluator.stores.redis import LayoutMismatchError, RedisStore, connect
+    from evaluator.adapters.redis.store import LayoutMismatchError, RedisStore, connect
 
     RedisStore(connect(redis_url), SETTINGS.layout(), prefix=key_prefix).check_layout()
     other = load_settings(environ={}, overrides={"metrics": {"k": [5]}}).layout()
@@ -596,7 +596,7 @@ def test_redis_refuses_state_of_another_layout(redis_url: str, key_prefix: str) 
 def test_redis_refuses_open_requests_of_the_shared_state_layout(
     redis_url: str, key_prefix: str
 ) -> None:
-    from evaluator.stores.redis import LayoutMismatchError, RedisStore, connect
+    from evaluator.adapters.redis.store import LayoutMismatchError, RedisStore, connect
 
     client = connect(redis_url)
     store = RedisStore(client, SETTINGS.layout(), prefix=key_prefix)
@@ -614,7 +614,7 @@ def test_redis_scripts_are_reloaded_after_a_script_flush(redis_url: str, key_pre
     fails once (the owner reloads and retries) and then works again."""
     from redis.exceptions import NoScriptError
 
-    from evaluator.stores.redis import RedisStore, connect
+    from evaluator.adapters.redis.store import RedisStore, connect
 
     client = connect(redis_url)
     store = RedisStore(client, SETTINGS.layout(), prefix=key_prefix)
@@ -646,7 +646,7 @@ def test_redis_coverage_survives_a_failure_between_sketches_and_checkpoint(
     lost or counted twice."""
     from redis.exceptions import ConnectionError as RedisConnectionError
 
-    from evaluator.stores.redis import RedisStore, connect
+    from evaluator.adapters.redis.store import RedisStore, connect
 
     store = RedisStore(connect(redis_url), SETTINGS.layout(), prefix=key_prefix)
     lists = {"r1": ["a", "b", "c"], "r2": ["c", "d"]}
@@ -677,7 +677,7 @@ def test_redis_refuses_a_checkpoint_whose_sketch_writes_a_restart_lost(tmp_path)
     checkpoint reaches the new one, as a client's retry across the restart does): the
     checkpoint is refused as stale, the owner reloads and finalises those requests
     again, and no shown item is missing from the coverage sketches."""
-    from evaluator.stores.redis import RedisStore, connect
+    from evaluator.adapters.redis.store import RedisStore, connect
     from tests.live import RedisServer
 
     server = RedisServer(tmp_path / "redis")
@@ -716,8 +716,8 @@ def test_dense_sketches_are_read_by_redis_register_by_register(
 ) -> None:
     """One non-zero register, wherever its six bits fall across bytes, is one register
     for Redis: PFCOUNT gives linear counting's estimate for one occupied register."""
-    from evaluator.stores.redis import connect
-    from evaluator.stores.redis_sketches import dense_encoding
+    from evaluator.adapters.redis.sketches import dense_encoding
+    from evaluator.adapters.redis.store import connect
 
     client = connect(redis_url)
     registers = np.zeros(1 << 14, dtype=np.uint8)
@@ -734,8 +734,8 @@ def test_dense_sketches_are_read_by_redis_register_by_register(
 def test_dense_sketches_count_and_merge_like_redis_own(redis_url: str, key_prefix: str) -> None:
     """Sketches built in the process count within HyperLogLog's error (0.81% standard
     error at 16,384 registers) and merge with PFMERGE into the union."""
-    from evaluator.stores.redis import connect
-    from evaluator.stores.redis_sketches import dense_hll
+    from evaluator.adapters.redis.sketches import dense_hll
+    from evaluator.adapters.redis.store import connect
 
     client = connect(redis_url)
     tag = f"{{{key_prefix}:hcov}}"

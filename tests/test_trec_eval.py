@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from evaluator.metrics.cutoff import cutoff_scores
-from evaluator.metrics.ndcg import ndcg
+from evaluator.core.metrics.cutoff import cutoff_scores
+from evaluator.core.metrics.ndcg import ndcg
 
 pytrec_eval = pytest.importorskip("pytrec_eval")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from evaluator.core.finalise import Finalised
 from evaluator.engine.state import Changes
-from evaluator.finalise import Finalised
 
 
 @dataclass(slots=True)

@@ -20,10 +20,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from evaluator.engine.state import Changes, PartitionState, open_request
-from evaluator.events import ImpressionBatch, InteractionBatch
-from evaluator.experiments import SEP, Experiment, experiment_rows
-from evaluator.finalise import (
+from evaluator.core.events import ImpressionBatch, InteractionBatch
+from evaluator.core.experiments import SEP, Experiment, experiment_rows
+from evaluator.core.finalise import (
     FinaliseConfig,
     Finalised,
     History,
@@ -33,7 +32,8 @@ from evaluator.finalise import (
     PendingInteraction,
     finalise,
 )
-from evaluator.join import UserImpressions, user_order
+from evaluator.core.join import UserImpressions, user_order
+from evaluator.engine.state import Changes, PartitionState, open_request
 
 HOLD_MS = -(2**61)
 """A limit at or below this holds the watermark where it is (None stays None)."""

@@ -15,9 +15,9 @@ import heapq
 from collections.abc import Iterable
 from typing import Any
 
+from evaluator.core.finalise import PendingInteraction
 from evaluator.engine.records import decode, request_of
 from evaluator.engine.state import PartitionState
-from evaluator.finalise import PendingInteraction
 
 _decode = decode
 

@@ -34,9 +34,9 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
+from evaluator.core.finalise import OpenRequest, PendingInteraction
 from evaluator.engine.markers import Markers
 from evaluator.engine.records import UserState, encode, open_request, request_row
-from evaluator.finalise import OpenRequest, PendingInteraction
 
 _encode = encode
 

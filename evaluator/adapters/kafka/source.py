@@ -1,0 +1,408 @@
+"""The consumer-group member that feeds ``evaluator run``.
+
+It consumes the impressions and interactions topics (and the repartition topic)
+with manual offset commits: :meth:`KafkaSource.commit` is called only after the
+pipeline has made a polled batch durable, so a crash re-delivers, never loses.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.coordinator.assignors.range import RangePartitionAssignor
+from kafka.errors import (
+    KafkaConfigurationError,
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+)
+from kafka.structs import OffsetAndMetadata
+
+from evaluator.adapters.kafka.admin import (
+    FORWARD_HEADROOM,
+    MESSAGE_BYTES,
+    create_topic,
+    message_bytes,
+    resolvable,
+    security,
+)
+from evaluator.adapters.kafka.sink import (
+    SEND_TIMEOUT_S,
+    acknowledged,
+    dead_letter_record,
+    make_producer,
+)
+from evaluator.config import ConfigError, KafkaSettings
+from evaluator.core.timeutil import parse_duration_ms
+from evaluator.engine.batches import Kind, PartitionBatch, Rejected
+from evaluator.engine.routing import Forwarded
+
+log = logging.getLogger(__name__)
+
+TOO_LARGE = (MessageSizeTooLargeError, RecordListTooLargeError)
+"""Refusals that no retry can overcome."""
+
+
+def _refused(forwarded: Forwarded, exc: Exception, refused: list[Forwarded]) -> None:
+    log.warning("a forwarded event of %d bytes was refused: %s", len(forwarded.payload), exc)
+    refused.append(forwarded)
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, source: KafkaSource) -> None:
+        self.source = source
+
+    def on_partitions_revoked(self, revoked: Sequence[TopicPartition]) -> None:
+        self.source.awaiting_since = time.monotonic()
+        log.info("partitions revoked: %s", sorted(self.source.name(tp) for tp in revoked))
+        self.source.on_revoke(sorted({tp.partition for tp in revoked}))
+
+    def on_partitions_assigned(self, assigned: Sequence[TopicPartition]) -> None:
+        names = sorted(self.source.name(tp) for tp in assigned)
+        self.source.awaiting_since = None
+        log.info("partitions assigned: %s", names)
+        consumer = self.source.consumer
+        consumer.resume(*assigned)  # partitions paused after a fencing are ours again
+        self.source.on_assign(names)
+        resume = self.source.on_claim(sorted({tp.partition for tp in assigned}))
+        self.source.seek(resume)
+
+
+class KafkaSource:
+    """Polls batches per partition, dead-letters invalid messages, commits on request."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        poll_timeout_ms: int,
+        on_assign: Callable[[list[str]], None] = lambda names: None,
+        on_claim: Callable[[list[int]], dict[int, dict[str, int]]] = lambda numbers: {},
+        on_revoke: Callable[[list[int]], None] = lambda numbers: None,
+    ) -> None:
+        """``on_claim``: partition numbers newly assigned -> the offsets (per kind) to
+        resume each at; ``on_revoke``: partition numbers taken away."""
+        self.settings = settings
+        self.poll_timeout_ms = poll_timeout_ms
+        self.on_assign = on_assign
+        self.on_claim = on_claim
+        self.on_revoke = on_revoke
+        self.kinds: dict[str, Kind] = {
+            settings.impressions_topic: "impressions",
+            settings.interactions_topic: "interactions",
+        }
+        if settings.partitioner != "trust":
+            self.kinds[settings.repartition()] = "repartition"
+        resolvable(settings.bootstrap_servers)
+        try:
+            self.consumer = KafkaConsumer(
+                bootstrap_servers=settings.bootstrap_servers.split(","),
+                group_id=settings.group_id,
+                client_id=settings.client_id,
+                enable_auto_commit=False,
+                auto_offset_reset=settings.auto_offset_reset,
+                max_poll_records=settings.max_poll_records,
+                session_timeout_ms=parse_duration_ms(settings.session_timeout),
+                heartbeat_interval_ms=max(1000, parse_duration_ms(settings.session_timeout) // 10),
+                # per topic, the same partition numbers to the same member: co-partitioned
+                # topics give each member whole partitions (a user's events of both kinds)
+                partition_assignment_strategy=[RangePartitionAssignor],
+                # a missing topic is an error (or, for the repartition topic, created with
+                # the right partition count), never auto-created with the broker's default
+                allow_auto_create_topics=False,
+                **security(settings),
+            )
+        except KafkaConfigurationError as exc:  # a retry cannot help: one line, exit 2
+            raise ConfigError(f"kafka: {exc}") from None
+        self.awaiting_since: float | None = time.monotonic()
+        """When the group started (re)balancing without an assignment yet; None when settled."""
+        self._ends: dict[TopicPartition, int] = {}
+        """End offsets found by the last :meth:`refresh_ends`, and when (wall clock ms)."""
+        self._ends_at_ms = 0
+        self._await_metadata([settings.impressions_topic, settings.interactions_topic], 30.0)
+        self._producer: KafkaProducer | None = None
+        self._forward_bytes = MESSAGE_BYTES
+        """The producer's largest request: what the repartition topic takes."""
+        self._offsets: KafkaConsumer | None = None
+        self._origin: dict[TopicPartition, int] = {}
+        """With ``latest``: where this member started an input never checkpointed."""
+        self._unplaced: set[TopicPartition] = set()
+        """Such inputs whose starting position is still to be found."""
+
+    def _await_metadata(self, topics: list[str], timeout_s: float) -> None:
+        """Wait until the broker knows the topics.
+
+        Joining the group before that gives an empty first assignment, and the
+        rejoin that follows has been seen to stall in kafka-python.
+        """
+        deadline = time.monotonic() + timeout_s
+        missing = list(topics)
+        while missing and time.monotonic() < deadline:
+            missing = [t for t in missing if not self.consumer.partitions_for_topic(t)]
+            if missing:
+                time.sleep(0.2)
+        if missing:
+            log.warning("no metadata yet for %s; subscribing anyway", ", ".join(missing))
+
+    def partition_count(self) -> int:
+        """The topics' common partition count; a ConfigError (one line at start-up)
+        when they differ, since a user's events would then live in two partition
+        numbers. Creates the internal topics that are missing (see
+        :meth:`_check_repartition`)."""
+        inputs = (self.settings.impressions_topic, self.settings.interactions_topic)
+        counts = {t: len(self.consumer.partitions_for_topic(t) or ()) for t in inputs}
+        if len(set(counts.values())) != 1 or 0 in counts.values():
+            listed = ", ".join(f"{t} has {n}" for t, n in counts.items())
+            raise ConfigError(
+                f"kafka.impressions_topic and kafka.interactions_topic must be co-partitioned "
+                f"(the same number of partitions, keyed by user id): {listed}"
+            )
+        n = next(iter(counts.values()))
+        if "repartition" in self.kinds.values():
+            self._check_repartition(n)
+        if self.settings.dlq_suffix:  # else the first dead letter would wait, then fail
+            for topic in inputs:
+                self._ensure_topic(
+                    topic + self.settings.dlq_suffix, n, 'kafka.dlq_suffix (or set it to "")'
+                )
+        return n
+
+    def _check_repartition(self, partitions: int) -> None:
+        """The repartition topic must have the inputs' partition count and take every
+        message they take, with room for the key and tag a forward adds: created so when
+        missing, else start-up stops naming it. (What it still refuses, e.g. a message
+        compressed by its producer and too large uncompressed, is dead-lettered by
+        :meth:`forward`'s caller: sent again it would fail forever.)"""
+        inputs = [self.settings.impressions_topic, self.settings.interactions_topic]
+        topic = self.settings.repartition()
+        largest = max(message_bytes(self.settings, inputs).values(), default=MESSAGE_BYTES)
+        needed = largest + FORWARD_HEADROOM
+        found = self._ensure_topic(
+            topic, partitions, "kafka.repartition_topic", {"max.message.bytes": str(needed)}
+        )
+        if found != partitions:
+            raise ConfigError(
+                f"kafka.repartition_topic {topic!r} has {found} partitions; the input "
+                f"topics have {partitions}: delete it or name another"
+            )
+        taken = message_bytes(self.settings, [topic]).get(topic)
+        if taken is not None and taken < largest:
+            raise ConfigError(
+                f"kafka.repartition_topic {topic!r} takes messages up to {taken} bytes, the "
+                f"input topics up to {largest}: raise its max.message.bytes to {needed} "
+                f"(kafka-configs --alter --entity-type topics --entity-name {topic} "
+                f"--add-config max.message.bytes={needed})"
+            )
+        self._forward_bytes = max(MESSAGE_BYTES, needed)
+
+    def _ensure_topic(
+        self, topic: str, partitions: int, key: str, configs: dict[str, str] | None = None
+    ) -> int:
+        """Create ``topic`` with ``partitions`` (and the impressions topic's replication)
+        when missing; its partition count. A ConfigError naming ``key`` when it can be
+        neither found nor created (no permission, say)."""
+        found = self.consumer.partitions_for_topic(topic)
+        if found:
+            return len(found)
+        create_topic(self.settings, topic, partitions, key, configs or {})
+        self._await_metadata([topic], 30.0)
+        return len(self.consumer.partitions_for_topic(topic) or ()) or partitions
+
+    def forward(self, forwarded: Sequence[Forwarded]) -> list[Forwarded]:
+        """Send events to their user's partition of the repartition topic, durably
+        (flushed) before the checkpoint that moves past them. Returns those refused as
+        too large (by the producer or the broker: sent again they would fail forever),
+        for the caller to dead-letter; any other failure raises."""
+        producer = self._ensure_producer()
+        topic = self.settings.repartition()
+        refused: list[Forwarded] = []
+        sent = []
+        for f in forwarded:
+            try:  # the producer's own size check raises here, the broker's at get()
+                future = producer.send(topic, value=f.payload, key=f.key, partition=f.partition)
+            except TOO_LARGE as exc:
+                _refused(f, exc, refused)
+            else:
+                sent.append((f, future))
+        producer.flush()
+        for f, future in sent:
+            try:
+                future.get(timeout=SEND_TIMEOUT_S)
+            except TOO_LARGE as exc:
+                _refused(f, exc, refused)
+        return refused
+
+    def seek(self, resume: dict[int, dict[str, int]]) -> None:
+        """Move each (partition number, kind) to its checkpointed offset. An input never
+        checkpointed for that partition starts from its beginning with
+        ``auto_offset_reset = "earliest"`` (nothing of it was applied: after a failed
+        first batch too); with ``latest`` it starts where the group left it, and a
+        reload goes back there (the position first taken here), not past a failed batch."""
+        for number, offsets in resume.items():
+            for topic, kind in self.kinds.items():
+                tp = TopicPartition(topic, number)
+                if tp not in self.consumer.assignment():
+                    continue
+                if kind in offsets:
+                    self.consumer.seek(tp, offsets[kind])
+                elif self.settings.auto_offset_reset == "earliest":
+                    self.consumer.seek_to_beginning(tp)
+                elif tp in self._origin:
+                    self.consumer.seek(tp, self._origin[tp])
+                else:  # found at the next poll (no blocking call in a rebalance callback)
+                    self._unplaced.add(tp)
+
+    def assigned_numbers(self) -> set[int]:
+        """Partition numbers currently assigned to this member."""
+        return {tp.partition for tp in self.consumer.assignment()}
+
+    def pause(self, numbers: Sequence[int]) -> None:
+        """Stop fetching partitions lost to a newer owner (until the next assignment)."""
+        wanted = set(numbers)
+        self.consumer.pause(*[tp for tp in self.consumer.assignment() if tp.partition in wanted])
+
+    def caught_up(self) -> dict[str, int]:
+        """Assigned inputs consumed to their end offset, with the wall clock (ms) of the
+        broker's answer that confirmed it (see :meth:`refresh_ends`). While the broker
+        does not answer, no new confirmation comes: an outage is not idleness."""
+        names: dict[str, int] = {}
+        for tp in self.consumer.assignment():
+            end = self._ends.get(tp)
+            if end is None:
+                continue
+            high = self.consumer.highwater(tp)
+            if self.consumer.position(tp) >= max(end, high or 0):
+                names[self.name(tp)] = self._ends_at_ms
+        return names
+
+    def refresh_ends(self, timeout_ms: int = 2_000) -> None:
+        """Ask the broker for the end offsets of the assigned partitions (raises when it
+        does not answer in time)."""
+        assigned = list(self.consumer.assignment())
+        self._ends = dict(self._offset_client().end_offsets(assigned, timeout_ms=timeout_ms))
+        self._ends_at_ms = time.time_ns() // 1_000_000
+
+    def _offset_client(self) -> KafkaConsumer:
+        """A client of its own (no group) for end offsets: on the consumer's connection a
+        ListOffsets request waits behind the fetch the broker holds open while it waits
+        for data (up to ``fetch.max.wait``), and the poll loop waits with it."""
+        if self._offsets is None:
+            self._offsets = KafkaConsumer(
+                bootstrap_servers=self.settings.bootstrap_servers.split(","),
+                client_id=self.settings.client_id + "-offsets",
+                group_id=None,
+                enable_auto_commit=False,
+                **security(self.settings),
+            )
+        return self._offsets
+
+    def commit_offsets(self, offsets: dict[int, dict[str, int]]) -> None:
+        """Commit checkpointed offsets to Kafka too (for lag monitoring and tools; the
+        checkpoint in the store is what a new owner resumes from)."""
+        topics: dict[str, str] = {kind: topic for topic, kind in self.kinds.items()}
+        out = {
+            TopicPartition(topics[kind], number): OffsetAndMetadata(offset, "", -1)
+            for number, mine in offsets.items()
+            for kind, offset in mine.items()
+            if kind in topics
+        }
+        if out:
+            self.consumer.commit_async(offsets=out)
+
+    def subscribe(self) -> None:
+        """(Re)subscribe to both topics, e.g. when no partitions arrived in time."""
+        self.consumer.unsubscribe()
+        self.consumer.subscribe(list(self.kinds), listener=_Listener(self))
+
+    def name(self, tp: TopicPartition) -> str:
+        return f"{self.kinds.get(tp.topic, tp.topic)}:{tp.partition}"
+
+    def poll(self) -> list[PartitionBatch]:
+        """One poll: at most ``max_poll_records`` messages, grouped by partition."""
+        if self._unplaced:
+            for tp in self._unplaced & self.consumer.assignment():
+                if (at := self.consumer.position(tp)) is not None:
+                    self._origin[tp] = at
+            self._unplaced.clear()
+        records = self.consumer.poll(
+            timeout_ms=self.poll_timeout_ms, max_records=self.settings.max_poll_records
+        )
+        batches = []
+        for tp, messages in records.items():
+            batches.append(
+                PartitionBatch(
+                    self.kinds[tp.topic],
+                    self.name(tp),
+                    [m.value if m.value is not None else b"" for m in messages],
+                    offsets=[m.offset for m in messages],
+                )
+            )
+        return batches
+
+    def _topic(self, kind: Kind) -> str:
+        for topic, k in self.kinds.items():
+            if k == kind:
+                return topic
+        raise KeyError(kind)
+
+    def dead_letter(self, rejected: Sequence[Rejected]) -> None:
+        """Copy invalid messages to ``<topic><dlq_suffix>`` with the reason in headers."""
+        if not rejected or not self.settings.dlq_suffix:
+            return
+        producer = self._ensure_producer()
+        sent = []
+        for bad in rejected:
+            topic = self._topic(bad.kind)
+            read_from = self._topic(bad.partition.split(":")[0])  # type: ignore[arg-type]
+            value, headers = dead_letter_record(bad, read_from)
+            sent.append(producer.send(topic + self.settings.dlq_suffix, value, headers=headers))
+        acknowledged(producer, sent)
+
+    def _ensure_producer(self) -> KafkaProducer:
+        """The producer for dead letters and forwarded events (created on first use)."""
+        if self._producer is None:
+            self._producer = make_producer(self.settings, self._forward_bytes)
+        return self._producer
+
+    def commit(self, batches: Sequence[PartitionBatch] | None = None) -> None:
+        """Commit after a batch is durable: the positions reached by the last poll, or,
+        given ``batches``, just past each of their last offsets (when later polls have
+        already moved the positions on)."""
+        if batches is None:
+            self.consumer.commit()
+            return
+        topics = {kind: topic for topic, kind in self.kinds.items()}
+        offsets: dict[TopicPartition, OffsetAndMetadata] = {}
+        for batch in batches:
+            if batch.offsets:
+                tp = TopicPartition(topics[batch.kind], int(batch.partition.rsplit(":", 1)[1]))
+                offsets[tp] = OffsetAndMetadata(batch.offsets[-1] + 1, "", -1)
+        if offsets:
+            self.consumer.commit(offsets=offsets)
+
+    def backlogged(self) -> list[str]:
+        """Assigned partitions known to hold unconsumed messages (from fetch metadata only)."""
+        names = []
+        for tp in self.consumer.assignment():
+            high = self.consumer.highwater(tp)
+            if high is not None and high > self.consumer.position(tp):
+                names.append(self.name(tp))
+        return names
+
+    def lag(self) -> dict[str, int]:
+        """Messages behind the end of each assigned partition (as of the last
+        :meth:`refresh_ends`)."""
+        return {
+            self.name(tp): max(0, end - self.consumer.position(tp))
+            for tp, end in self._ends.items()
+            if tp in self.consumer.assignment()
+        }
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.close()
+        if self._offsets is not None:
+            self._offsets.close()
+        self.consumer.close(autocommit=False)

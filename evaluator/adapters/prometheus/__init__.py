@@ -1,0 +1,1 @@
+"""Prometheus collectors: the window metrics (global) and the pipeline's process counters."""

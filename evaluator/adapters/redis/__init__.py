@@ -1,0 +1,1 @@
+"""The Redis state store (standalone or Cluster): checkpoints by Lua script, blocks, sketches."""

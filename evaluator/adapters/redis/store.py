@@ -1,0 +1,472 @@
+"""The Redis state store: the only module that imports redis.
+
+Key layout (docs/operations.md): everything of partition ``p`` carries the hash
+tag ``{<prefix>:<p>}``, so each checkpoint is one Lua script on one slot and the
+same layout runs on Redis Cluster:
+
+- ``state``: the partition's join state as changelog fields (the hash is the
+  compacted changelog, see :mod:`evaluator.engine.state`);
+- ``pm``: owner epoch, checkpoint sequence, offsets and event time per input,
+  watermark, readout time and open requests;
+- ``c``: exactly-once counters; ``b:``, ``bi:``, ``mod:``, ``ver``: the window
+  blocks of the partition's users; ``ps:``, ``psd``: propensity counters.
+
+Coverage sketches (built in the process, merged with idempotent ``PFMERGE`` under their own tag)
+are written by :mod:`evaluator.adapters.redis.sketches` before each checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import socket
+from collections import Counter, defaultdict
+from collections.abc import Iterator, Mapping, Sequence
+from importlib import resources
+from typing import Any, cast
+from urllib.parse import urlparse
+
+import msgspec
+import numpy as np
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.cluster import RedisCluster
+from redis.exceptions import NoScriptError, RedisClusterException
+from redis.retry import Retry
+
+from evaluator.adapters.redis.block_cache import BlockCache
+from evaluator.adapters.redis.blocks import read_blocks, text
+from evaluator.adapters.redis.sketches import CoverageSketches
+from evaluator.config import ConfigError
+from evaluator.core.experiments import SEP
+from evaluator.core.propensity.estimation import (
+    DAY_MS,
+    first_kept_day,
+)
+from evaluator.core.windows import AggregateLayout, expand_shards
+from evaluator.engine.checkpoint import Checkpoint, Delta, Marks, Outcome
+from evaluator.engine.commit_payload import (
+    block_increments,
+    experiment_increments,
+    merge_increments,
+    propensity_increments,
+)
+from evaluator.engine.ports import FloatArray
+
+SCRIPTS = ("checkpoint",)
+STATE_SCAN = 10_000
+"""Changelog fields read per HSCAN call when a new owner loads a partition."""
+
+
+def _framed(changes: Mapping[str, bytes | None]) -> tuple[bytes, bytes, bytes]:
+    """The written changelog fields as the checkpoint script reads them: per field the
+    name's and the value's length in bytes (little-endian uint32 pairs), then all
+    names and all values, each concatenated (three arguments instead of two per field,
+    which the client would pack one by one; built without per-field packing)."""
+    names = [k for k, v in changes.items() if v is not None]
+    values = [v for v in changes.values() if v is not None]
+    joined = "".join(names).encode()
+    name_len = np.fromiter(map(len, names), dtype=np.uint32, count=len(names))
+    if len(joined) != int(name_len.sum()):  # some name is not ASCII: count its bytes
+        name_len = np.fromiter((len(n.encode()) for n in names), dtype=np.uint32)
+    value_len = np.fromiter(map(len, values), dtype=np.uint32, count=len(values))
+    lengths = np.column_stack((name_len, value_len)).astype("<u4").tobytes()
+    return lengths, joined, b"".join(values)
+
+
+class LayoutMismatchError(ConfigError):
+    """Stored state was written with another aggregate layout (k, windows, buckets ...)
+    or state format: a configuration error naming ``redis.key_prefix`` (one line at
+    start-up)."""
+
+
+def _script(name: str) -> str:
+    """A script's source, after the helpers it shares with the others (``lua/lib.lua``)."""
+    lua = resources.files("evaluator.adapters.redis").joinpath("lua")
+    return lua.joinpath("lib.lua").read_text() + lua.joinpath(f"{name}.lua").read_text()
+
+
+Client = redis.Redis | RedisCluster
+"""A standalone Redis client, or a Redis Cluster client (same commands and key layout)."""
+
+
+ACCESS_REFUSED = (
+    "NOAUTH",
+    "WRONGPASS",
+    "NOPERM",
+    "HELLO must be called",
+    "invalid username",
+    "uthentication",
+)
+"""Replies meaning the credentials or permissions are wrong (not an outage)."""
+
+
+@contextlib.contextmanager
+def _access_errors() -> Iterator[None]:
+    """Refused credentials or permissions are a configuration error (one line, exit 2),
+    not an outage to wait for."""
+    try:
+        yield
+    except (redis.AuthenticationError, redis.ResponseError, RedisClusterException) as exc:
+        if isinstance(exc, redis.AuthenticationError) or any(
+            code in str(exc) for code in ACCESS_REFUSED
+        ):
+            raise ConfigError(
+                f"Redis refused access (redis.username, redis.password): {exc}"
+            ) from None
+        raise
+
+
+def _resolvable(url: str) -> None:
+    """A Redis host that does not exist is a configuration error (one line, exit 2)."""
+    host = urlparse(url).hostname
+    if not host:
+        return
+    try:
+        socket.getaddrinfo(host, None)
+    except socket.gaierror as exc:
+        if exc.errno == socket.EAI_NONAME:
+            raise ConfigError(f"redis.url: host {host!r} does not resolve") from None
+
+
+def connect(
+    url: str,
+    *,
+    username: str = "",
+    password: str = "",
+    tls: bool = False,
+    ca_certs: str = "",
+    retries: int = 5,
+    cluster: bool = False,
+) -> Client:
+    """A client with bounded, exponentially backed-off retries on connection errors.
+
+    ``cluster``: ``url`` names one node of a Redis Cluster; the client discovers the
+    others and routes each command (and each script, by its hash-tagged key) to the
+    node serving its slot."""
+    _resolvable(url)
+    retry = Retry(ExponentialBackoff(cap=2.0, base=0.05), retries)
+    options: dict[str, Any] = {
+        "health_check_interval": 30,
+        "socket_timeout": 10,
+        "socket_connect_timeout": 5,
+    }
+    if username:
+        options["username"] = username
+    if password:
+        options["password"] = password
+    if tls and url.startswith("redis://"):
+        url = "rediss://" + url[len("redis://") :]
+    if ca_certs:
+        options["ssl_ca_certs"] = ca_certs
+    if cluster:  # discovery runs here, and wraps refused credentials in its own error
+        with _access_errors():
+            return RedisCluster.from_url(url, retry=retry, **options)
+    retry_on = [redis.ConnectionError, redis.TimeoutError]
+    return redis.Redis.from_url(url, retry=retry, retry_on_error=retry_on, **options)
+
+
+class RedisStore:
+    """:class:`evaluator.engine.ports.StateStore` on Redis (standalone or Cluster layout)."""
+
+    def __init__(
+        self,
+        client: Client,
+        layout: AggregateLayout,
+        *,
+        prefix: str = "recsys",
+        propensity_history_ms: int = 7 * DAY_MS,
+    ) -> None:
+        self.client = client
+        self.layout = layout
+        self.prefix = prefix
+        self.propensity_history_ms = propensity_history_ms
+        self.block_ttl_s = (max(layout.windows_ms) * 2) // 1000 + 3600
+        """Longest block lifetime; each window's blocks live 2 x window + 1 h."""
+        self._sources = {name: _script(name) for name in SCRIPTS}
+        self._sha = {
+            name: hashlib.sha1(src.encode()).hexdigest() for name, src in self._sources.items()
+        }
+        with _access_errors():
+            self._load_scripts()
+        self._meta = f"{{{prefix}:meta}}:"
+        self._blocks = BlockCache(layout)
+        self._sketches = CoverageSketches(client, layout, prefix, self.block_ttl_s, self._execute)
+
+    def tag(self, shard: int) -> str:
+        return f"{{{self.prefix}:{shard}}}:"
+
+    def _load_scripts(self) -> None:
+        """Load the Lua scripts (on every primary of a Cluster), so pipelines can call
+        them by SHA: Cluster pipelines cannot load scripts themselves."""
+        for src in self._sources.values():
+            self.client.script_load(src)
+
+    def _call(self, pipe: Any, name: str, key: str, args: Sequence[Any]) -> None:
+        """Queue a script call on a pipeline (one key: it routes the call to its slot;
+        a raw command, since Cluster pipelines refuse the ``evalsha`` helper)."""
+        pipe.execute_command(
+            "EVALSHA", self._sha[name], 1, key, *args
+        )  # Cluster pipelines block .evalsha()
+
+    def _execute(self, pipe: Any) -> list[Any]:
+        """Run a pipeline. After a Redis restart or failover the scripts may be gone: they
+        are loaded again and the error re-raised, so the caller retries the (idempotent)
+        batch."""
+        try:
+            return cast("list[Any]", pipe.execute())
+        except NoScriptError:
+            self._load_scripts()
+            raise
+
+    def check_layout(self) -> None:
+        with _access_errors():
+            self._check_layout()
+
+    def _check_layout(self) -> None:
+        key = self._meta + "layout"
+        fingerprint = self.layout.fingerprint()
+        self.client.set(key, fingerprint, nx=True)
+        stored = text(self.client.get(key))
+        if stored and stored != fingerprint:
+            raise LayoutMismatchError(
+                f"Redis prefix {self.prefix!r} holds state with layout {stored}; "
+                "this configuration needs another redis.key_prefix"
+            )
+        self._refuse_shared_state()
+
+    def _refuse_shared_state(self) -> None:
+        """Open requests of the shared-state layout (before partition-owned engines: a
+        deadline index per shard) are invisible to this version: refuse to start rather
+        than lose them."""
+        pipe = self.client.pipeline(transaction=False)
+        for shard in range(self.layout.shards):
+            pipe.exists(self.tag(shard) + "dl")
+        if any(pipe.execute()):
+            raise LayoutMismatchError(
+                f"Redis prefix {self.prefix!r} holds open requests of the shared-state "
+                "layout (an earlier version): let that version finalise them, or use "
+                "another redis.key_prefix"
+            )
+
+    def claim(self, partition: int) -> Checkpoint:
+        meta = self.tag(partition) + "pm"
+        epoch = int(self.client.hincrby(meta, "epoch", 1))
+        raw = {text(k): text(v) for k, v in self.client.hgetall(meta).items()}
+        fields: dict[bytes, bytes] = {}  # HSCAN may return a field twice: once each here
+        cursor = 0
+        state = self.tag(partition) + "state"
+        while True:
+            cursor, chunk = cast(
+                "tuple[int, dict[bytes, bytes]]", self.client.hscan(state, cursor, count=STATE_SCAN)
+            )
+            fields.update(chunk)
+            if not int(cursor):
+                break
+        return Checkpoint(
+            epoch,
+            int(raw.get("seq", 0)),
+            [(text(k), v) for k, v in fields.items()],
+            {k[2:]: int(v) for k, v in raw.items() if k.startswith("o:")},
+            {k[2:]: int(v) for k, v in raw.items() if k.startswith("t:")},
+            int(raw["wm"]) if raw.get("wm") else None,
+        )
+
+    def checkpoint(self, partition: int, epoch: int, seq: int, delta: Delta) -> Outcome:
+        tag = self.tag(partition)
+        # sketches: a retry or a fenced write adds nothing twice; their receipt must
+        # still be there when the checkpoint runs (not lost with them to a restart)
+        receipt = f"{epoch}:{seq}"
+        if not self._sketches.add(delta.finalised, (tag + "pm", "sk", receipt)):
+            receipt = ""
+        blocks: list[Any] = []
+        increments: list[bytes] = []
+        propensity: list[Any] = []
+        variants: set[str] = set()
+        for done in delta.finalised:
+            rows = np.arange(len(done.requests))
+            found, incs = block_increments(done, rows, self.layout)
+            blocks += found
+            increments.append(incs)
+            propensity += propensity_increments(done, rows)
+            variants.update(r.variant for r in done.requests)
+        lengths, names, values = _framed(delta.changes)
+        deleted = [k for k, v in delta.changes.items() if v is None]
+        meta: list[Any] = []
+        for name, offset in delta.offsets.items():
+            meta += [f"o:{name}", offset]
+        for name, t in delta.times.items():
+            meta += [f"t:{name}", t]
+        if delta.watermark_ms is not None:
+            meta += ["wm", delta.watermark_ms]
+        if delta.readout_ms is not None:
+            meta += ["rt", delta.readout_ms]
+        if delta.own_ms is not None:
+            meta += ["ow", delta.own_ms]
+        if delta.forwarded_ms is not None:
+            meta += ["fw", delta.forwarded_ms]
+        meta += ["open", delta.open_requests]
+        counters = [x for k, v in delta.counters.items() if v for x in (k, v)]
+        cumulative = merge_increments(
+            [experiment_increments(done, self.layout) for done in delta.finalised]
+        )
+        exposures = [x for k, v in delta.exposures.items() if v for x in (k, v)]
+        payload: tuple[Any, ...] = (
+            [],
+            deleted,
+            meta,
+            counters,
+            blocks,
+            propensity,
+            sorted(variants),
+            list(cumulative),
+            exposures,
+        )
+        pipe = self.client.pipeline(transaction=False)
+        self._call(
+            pipe,
+            "checkpoint",
+            tag + "pm",
+            [
+                tag,
+                epoch,
+                msgspec.msgpack.encode(payload),
+                int(np.prod(self.layout.block_shape)),
+                b"".join(increments),
+                self.propensity_history_ms,
+                seq,
+                lengths,
+                b"".join(b.astype("<f8").tobytes() for b in cumulative.values()),
+                receipt,
+                names,
+                values,
+            ],
+        )
+        reply = int(self._execute(pipe)[0])
+        return Outcome.WRITTEN if reply == 1 else Outcome.FENCED if reply == 0 else Outcome.STALE
+
+    def _partition_meta(self) -> list[dict[str, str]]:
+        pipe = self.client.pipeline(transaction=False)
+        for shard in range(self.layout.shards):
+            pipe.hgetall(self.tag(shard) + "pm")
+        return [{text(k): text(v) for k, v in r.items()} for r in pipe.execute()]
+
+    def marks(self) -> dict[int, Marks]:
+        out = {}
+        for p, m in enumerate(self._partition_meta()):
+            own, fw = m.get("ow"), m.get("fw")
+            out[p] = Marks(int(own) if own else None, int(fw) if fw else None)
+        return out
+
+    def _experiment_keys(self, experiment: str) -> list[list[str]]:
+        """Per shard, the ``experiment US variant`` keys it holds for the experiment."""
+        pipe = self.client.pipeline(transaction=False)
+        for shard in range(self.layout.shards):
+            pipe.smembers(self.tag(shard) + "xv")
+        prefix = experiment + SEP
+        return [
+            sorted(k for k in map(text, found) if k.startswith(prefix)) for found in pipe.execute()
+        ]
+
+    def experiment_blocks(self, experiment: str) -> dict[str, FloatArray]:
+        keys = self._experiment_keys(experiment)
+        pipe = self.client.pipeline(transaction=False)
+        for shard, mine in enumerate(keys):
+            for key in mine:
+                pipe.get(self.tag(shard) + "x:" + key)
+        raw = iter(pipe.execute())
+        grouped: dict[str, dict[int, FloatArray]] = {}
+        cut = len(experiment) + 1
+        for shard, mine in enumerate(keys):
+            for key in mine:
+                found = next(raw)
+                if found:
+                    block = np.frombuffer(found, dtype="<f8").reshape(self.layout.block_shape)
+                    grouped.setdefault(key[cut:], {})[shard] = block
+        return {v: expand_shards(parts, self.layout) for v, parts in grouped.items()}
+
+    def exposures(self, experiment: str) -> dict[str, int]:
+        pipe = self.client.pipeline(transaction=False)
+        for shard in range(self.layout.shards):
+            pipe.hgetall(self.tag(shard) + "xu")
+        out: dict[str, int] = {}
+        prefix = experiment + SEP
+        for found in pipe.execute():
+            for k, v in found.items():
+                name = text(k)
+                if name.startswith(prefix):
+                    out[name[len(prefix) :]] = out.get(name[len(prefix) :], 0) + int(v)
+        return out
+
+    def frontier(self) -> int | None:
+        marks = [int(m["rt"]) for m in self._partition_meta() if m.get("rt")]
+        return max(marks) if marks else None
+
+    def open_requests(self, watermark_ms: int) -> tuple[int, int]:
+        return self.open_count(), 0
+
+    def open_count(self) -> int:
+        """Open requests over every partition, as of each one's last checkpoint."""
+        return sum(int(m.get("open", 0)) for m in self._partition_meta())
+
+    def distinct_items(
+        self, window_ms: int, bucket_starts: Sequence[int], variants: Sequence[str]
+    ) -> tuple[dict[tuple[str, int], float], float]:
+        return self._sketches.distinct_items(window_ms, bucket_starts, variants)
+
+    def distinct_unions(
+        self, window_ms: int, bucket_starts: Sequence[int], groups: Sequence[tuple[str, str, int]]
+    ) -> list[float]:
+        return self._sketches.distinct_unions(window_ms, bucket_starts, groups)
+
+    def blocks(
+        self, window_ms: int, since_ms: int | None = None, until_ms: int | None = None
+    ) -> dict[tuple[int, str], FloatArray]:
+        """Blocks of a window in a range; unchanged blocks come from a local cache
+        (:func:`evaluator.adapters.redis.blocks.read_blocks`)."""
+        return read_blocks(
+            self.client, self._blocks, self.tag, window_ms, since_ms=since_ms, until_ms=until_ms
+        )
+
+    def counters(self) -> dict[str, int]:
+        pipe = self.client.pipeline(transaction=False)
+        for shard in range(self.layout.shards):
+            pipe.hgetall(self.tag(shard) + "c")
+        totals: dict[str, int] = defaultdict(int)
+        for reply in pipe.execute():
+            for key, value in reply.items():
+                totals[key.decode()] += int(value)
+        return dict(totals)
+
+    def propensity_counts(self) -> dict[str, int]:
+        shards = range(self.layout.shards)
+        pipe = self.client.pipeline(transaction=False)
+        for shard in shards:
+            pipe.zrange(self.tag(shard) + "psd", 0, -1)
+        days = [[int(text(d)) for d in found] for found in pipe.execute()]
+        if not any(days):
+            return {}
+        oldest = first_kept_day(max(max(d) for d in days if d), self.propensity_history_ms)
+        pipe = self.client.pipeline(transaction=False)
+        for shard, mine in zip(shards, days, strict=True):
+            for day in mine:
+                if day >= oldest:
+                    pipe.hgetall(f"{self.tag(shard)}ps:{day}")
+        total: Counter[str] = Counter()
+        for reply in pipe.execute():
+            total.update({text(k): int(v) for k, v in reply.items()})
+        return dict(total)
+
+    def propensity_curve(self, bucket_ms: int, proposal: tuple[float, ...]) -> tuple[float, ...]:
+        key = f"{self._meta}curve:{bucket_ms}"
+        pipe = self.client.pipeline(transaction=False)
+        pipe.set(key, ",".join(map(repr, proposal)), nx=True, ex=self.block_ttl_s)
+        pipe.get(key)
+        stored = text(pipe.execute()[1])
+        return tuple(float(v) for v in stored.split(",")) if stored else proposal
+
+    def ping(self) -> bool:
+        return bool(self.client.ping())
+
+    def close(self) -> None:
+        self.client.close()

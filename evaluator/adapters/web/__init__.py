@@ -1,0 +1,1 @@
+"""The HTTP server (/metrics, health) and the built-in dashboard page."""

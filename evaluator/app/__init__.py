@@ -1,0 +1,1 @@
+"""The composition roots: the ``evaluator`` command line and one module per command."""

@@ -1,1 +1,0 @@
-"""CLI subcommands: each wires adapters to the core for one job."""

@@ -1,0 +1,2 @@
+"""A/B statistics: always-valid intervals, the sample-ratio test, and the readout of one
+experiment."""

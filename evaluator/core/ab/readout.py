@@ -1,0 +1,207 @@
+"""The A/B readout of an experiment, from its cumulative statistics (pure).
+
+Input: per variant, the experiment's cumulative block ``(cohort, user bucket,
+row)`` since its start (see :mod:`evaluator.core.experiments`), and the exact number
+of users exposed per variant. Output: per (variant, K, adjusted) the nDCG
+difference to the control with its always-valid interval, both p-values, and
+per experiment the sample-ratio test on users.
+
+Inference is withheld (interval and p-values NaN, ``ready`` False with a
+reason) while it would not be trustworthy: before ``min_users`` exposed users in
+the arm and in the control, or while the arm's requests sit in fewer than
+``min_effective_buckets`` effective user buckets — a handful of heavy users
+then carries the variance estimate, which comes out too small. Only ready looks
+enter the running intersection of intervals, so an exclusion is never locked in
+from an unreliable look. The mean is one definition for the gauges and the
+difference: metric sum over all requests (``zero_relevance = "count"``) or
+over engaged requests (``"skip"``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from evaluator.core.ab.stats import (
+    RatioEstimate,
+    SequentialTracker,
+    fixed_horizon,
+    ratio_estimate,
+    sequential,
+    srm_p_value,
+    srm_sequential_p_value,
+)
+from evaluator.core.aggregate import denominator_column
+from evaluator.core.experiments import Experiment
+
+FloatArray = npt.NDArray[np.float64]
+
+ADJUSTED = {"false": "ndcg", "true": "ndcg_adjusted"}
+"""The ``adjusted`` label -> the metric compared."""
+
+
+def effective_buckets(counts: FloatArray) -> float:
+    """(Σ n_b)² / Σ n_b²: how many equally filled user buckets the requests amount to."""
+    total = float(counts.sum())
+    squares = float(counts @ counts)
+    return total * total / squares if squares else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ReadoutRules:
+    """How an experiment is read (from ``ab.*`` and ``metrics.zero_relevance``)."""
+
+    ks: tuple[int, ...]
+    columns: Mapping[tuple[str, int], int]
+    """(metric, k) -> row column of its sum."""
+    zero_relevance: str = "count"
+    alpha: float = 0.05
+    tuning: float = 5000.0
+    min_users: int = 1000
+    min_effective_buckets: float = 16.0
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """One variant against the control, for one K and one metric."""
+
+    variant: str
+    control: str
+    k: int
+    adjusted: str
+    diff: float
+    lower: float
+    upper: float
+    lift: tuple[float, float, float]
+    p_sequential: float
+    p_fixed: float
+    ready: bool
+    reason: str
+    """Why inference is withheld ("" when ready)."""
+
+
+@dataclass(slots=True)
+class ExperimentReadout:
+    name: str
+    control: str
+    users: dict[str, int]
+    requests: dict[str, float]
+    srm_p_sequential: float
+    """Always valid (:func:`srm_sequential_p_value`): what the exported series and the
+    alert use."""
+    srm_p_fixed: float
+    """Chi-square, valid for one look (a whole file's replay)."""
+    comparisons: list[Comparison] = field(default_factory=list)
+    overlap: dict[tuple[str, int], float] = field(default_factory=dict)
+    """Jaccard@K of each variant's and the control's recommended items, by (variant, K),
+    where the reader has the item sets (replay; live it is per window)."""
+
+
+def _estimate(per_bucket: FloatArray, col: int, denom: int) -> RatioEstimate:
+    return ratio_estimate(per_bucket[:, col], per_bucket[:, denom])
+
+
+def _withheld(
+    users: Mapping[str, int],
+    arm: str,
+    control: str,
+    rules: ReadoutRules,
+    buckets: Mapping[str, float],
+) -> str:
+    for name in (control, arm):
+        if users.get(name, 0) < rules.min_users:
+            return f"fewer than {rules.min_users} users in {name}"
+    for name in (control, arm):
+        if buckets[name] < rules.min_effective_buckets:
+            return f"{name} is dominated by a few heavy users"
+    return ""
+
+
+def read_experiment(
+    experiment: Experiment,
+    blocks: Mapping[str, FloatArray],
+    users: Mapping[str, int],
+    rules: ReadoutRules,
+    tracker: SequentialTracker,
+) -> ExperimentReadout:
+    """The readout of one experiment (see the module docstring); ``tracker`` keeps the
+    running intersection per (experiment, variant, K, metric) across looks."""
+    control, others = experiment.arms(set(blocks) | set(users) | experiment.expected())
+    per = {v: b.sum(axis=0) for v, b in blocks.items()}  # (user bucket, row)
+    denom = denominator_column(rules.zero_relevance)
+    arms = [control, *others] if control else []
+    split = experiment.split
+    weights = np.asarray([split.get(v, 0.0) for v in arms]) if split else None
+    counts = np.asarray([float(users.get(v, 0)) for v in arms])
+    out = ExperimentReadout(
+        experiment.name,
+        control,
+        {v: int(users.get(v, 0)) for v in arms},
+        {v: float(per[v][:, 0].sum()) if v in per else 0.0 for v in arms},
+        srm_sequential_p_value(counts, weights) if len(arms) >= 2 else math.nan,
+        srm_p_value(counts, weights) if len(arms) >= 2 else math.nan,
+    )
+    if control not in per:
+        return out
+    buckets = {v: effective_buckets(b[:, denom]) for v, b in per.items()}
+    for k in rules.ks:
+        for adjusted, metric in ADJUSTED.items():
+            col = rules.columns[(metric, k)]
+            c_est = _estimate(per[control], col, denom)
+            for variant in others:
+                if variant in per:
+                    reason = _withheld(users, variant, control, rules, buckets)
+                    v_est = _estimate(per[variant], col, denom)
+                    key = (experiment.name, variant, control, str(k), adjusted)
+                    out.comparisons.append(_compare(key, (c_est, v_est), rules, tracker, reason))
+    return out
+
+
+def _compare(
+    key: tuple[str, str, str, str, str],
+    estimates: tuple[RatioEstimate, RatioEstimate],
+    rules: ReadoutRules,
+    tracker: SequentialTracker,
+    reason: str,
+) -> Comparison:
+    """One comparison (``estimates``: control, variant). A non-empty ``reason``: the
+    difference only, inference withheld and the look kept out of the intersection."""
+    _, variant, control, k, adjusted = key
+    c_est, v_est = estimates
+    if reason:
+        nan = math.nan
+        diff = v_est.mean - c_est.mean
+        return Comparison(
+            variant,
+            control,
+            int(k),
+            adjusted,
+            diff,
+            nan,
+            nan,
+            (nan, nan, nan),
+            nan,
+            nan,
+            False,
+            reason,
+        )
+    seq = tracker.update(key, sequential(c_est, v_est, rules.alpha, rules.tuning))
+    fixed = fixed_horizon(c_est, v_est, rules.alpha)
+    return Comparison(
+        variant,
+        control,
+        int(k),
+        adjusted,
+        seq.diff,
+        seq.lower,
+        seq.upper,
+        seq.lift(),
+        seq.p_value,
+        fixed.p_value,
+        True,
+        "",
+    )

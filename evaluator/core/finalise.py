@@ -1,0 +1,352 @@
+"""Finalisation of open requests in the live pipeline: attribution, scores, statistics rows.
+
+Pure: the state store hands over each due request with what it has collected
+(its own interactions, its user's impressions and request-less interactions, and
+the user's first relevant-interaction times). The same join rules, grading,
+scoring and cohort rules as ``evaluator replay`` turn them into one statistics
+row per request, ready to be added to window buckets.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import repeat
+from typing import NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from evaluator.core.cohort import cohort_codes, earlier_counts
+from evaluator.core.join import (
+    JoinOutcome,
+    JoinRules,
+    UserImpressions,
+    count_outcomes,
+    join_by_request_batch,
+    join_by_user_batch,
+)
+from evaluator.core.metrics.overlap import rbo
+from evaluator.core.metrics.setlevel import encode_top, intra_list_diversity
+from evaluator.core.propensity.estimation import Observation, clicked_positions
+from evaluator.core.scoring import ScoringConfig, score_sparse
+from evaluator.core.windows import (
+    AggregateLayout,
+    contribution_rows,
+    partition_user_buckets,
+    user_buckets,
+)
+
+FloatArray = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+
+
+class PendingInteraction(NamedTuple):
+    """A stored interaction waiting for its request(s) to finalise."""
+
+    event_id: str
+    item_id: str
+    timestamp_ms: int
+    grade: float
+
+
+@dataclass(slots=True)
+class OpenRequest:
+    """A stored impression and the interactions that named its request id."""
+
+    request_id: str
+    user_id: str
+    variant: str
+    timestamp_ms: int
+    items: Sequence[str]
+    interactions: Sequence[PendingInteraction] = ()
+    """Set when the request is closed; the shared empty tuple until then (no empty
+    list per open request: a lot of them are held)."""
+    attributes: Sequence[str] = ()
+    """Values of the diversity attribute, parallel to ``items`` (may be empty)."""
+    shadow_variant: str = ""
+    shadow: Sequence[str] = ()
+    """The ranking ``shadow_variant`` would have shown (empty: none)."""
+    context: str = ""
+    randomization: tuple[str, int] | None = None
+    """``("topn", n)`` or ``("swap", k)`` when the list was randomised."""
+
+
+@dataclass(slots=True)
+class History:
+    """The cold-start histories of the due requests' users, as columns: each user's
+    code, and one (user code, time) entry per relevant interaction kept."""
+
+    codes: dict[str, int] = field(default_factory=dict)
+    user: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    ms: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+
+@dataclass(slots=True)
+class Finalised:
+    """Statistics rows of finalised requests, in the order they were given."""
+
+    requests: list[OpenRequest]
+    rows: FloatArray
+    cohort: I64
+    """0 = cold_start, 1 = established."""
+    user_bucket: I64
+    deadline_ms: I64
+    outcomes: Counter[str]
+    observations: list[Observation] = field(default_factory=list)
+    """Per request, what the propensity estimators count (empty when not collecting)."""
+    propensity_positions: int = 0
+    late: int = 0
+    """Set by the store's commit: interactions stored after these requests were loaded,
+    so not applied (counted late, like those arriving after finalisation)."""
+    loose_taken: I64 = field(default_factory=lambda: np.zeros(0, np.int64))
+    """Indexes (in the :class:`LooseJoin`'s interactions) of the request-less
+    interactions these requests took: each is attributed once, so the engine forgets
+    them (an impression arriving after its deadline cannot take them again)."""
+    experiment_rows: dict[str, npt.NDArray[np.intp]] = field(default_factory=dict)
+    """Per experiment, the rows that count for its cumulative statistics (see
+    :mod:`evaluator.core.experiments`); set by the engine."""
+
+
+def deadline_ms(impression_ms: int, rules: JoinRules, allowed_lateness_ms: int) -> int:
+    """Event time after which a request is final: nothing on time can still join it."""
+    return (
+        impression_ms + rules.attribution_window_ms + rules.max_clock_skew_ms + allowed_lateness_ms
+    )
+
+
+class Attributed(NamedTuple):
+    """Attributed interactions as columns: the request row each joined, the item's
+    0-based position in its list, and its grade."""
+
+    row: I64
+    position: I64
+    grade: FloatArray
+
+    @staticmethod
+    def join(parts: Sequence[Attributed]) -> Attributed:
+        """The parts one after another (their order is kept)."""
+        if not parts:
+            return Attributed(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
+        return Attributed(*(np.concatenate(columns) for columns in zip(*parts, strict=True)))
+
+
+def attribute_named(
+    request_ms: I64,
+    request_items: Sequence[Sequence[str]],
+    interactions: NamedInteractions,
+    rules: JoinRules,
+    outcomes: Counter[str],
+) -> Attributed:
+    """Interactions that name their request, joined in one batch; every outcome is
+    counted. ``interactions.row`` is each one's request row (-1: unknown request)."""
+    rows, items, times, grades = interactions
+    if not items:
+        return Attributed.join([])
+    codes, positions = join_by_request_batch(
+        items, times, rows, request_ms, request_items, rules=rules
+    )
+    count_outcomes(codes, outcomes)
+    ok = np.flatnonzero(codes == 0)
+    return Attributed(np.asarray(rows, dtype=np.int64)[ok], positions[ok], grades[ok])
+
+
+def attribute_loose(
+    impressions: UserImpressions,
+    impression_row: I64,
+    interactions: LooseInteractions,
+    rules: JoinRules,
+    outcomes: Counter[str],
+    *,
+    classify: bool,
+) -> tuple[Attributed, I64]:
+    """Request-less interactions, each joined to its user's latest impression holding
+    the item (one batch); also the indexes of the interactions attributed.
+    ``impression_row``: each impression's request row, -1 for an impression that is
+    not being finalised (its attributions are left to it).
+
+    ``classify=True`` counts every outcome (replay: every impression is being
+    finalised); False counts attributions only (live: an interaction not attributed
+    now may still join a later request)."""
+    users, items, times, grades = interactions
+    if not items:
+        return Attributed.join([]), np.zeros(0, np.int64)
+    codes, chosen, positions = join_by_user_batch(
+        items, times, users, impressions, rules=rules, classify=classify
+    )
+    rows = (
+        impression_row[np.maximum(chosen, 0)] if impression_row.size else np.full_like(chosen, -1)
+    )
+    ok = np.flatnonzero((codes == 0) & (rows >= 0))
+    if classify:
+        count_outcomes(codes, outcomes)
+    elif ok.size:
+        outcomes[JoinOutcome.ATTRIBUTED] += int(ok.size)
+    return Attributed(rows[ok], positions[ok], grades[ok]), ok
+
+
+class NamedInteractions(NamedTuple):
+    """Interactions naming a request, as columns (``row``: the request's row)."""
+
+    row: Sequence[int]
+    item: Sequence[str]
+    ms: I64
+    grade: FloatArray
+
+
+class LooseInteractions(NamedTuple):
+    """Request-less interactions, as columns (``user``: the user's code in the
+    :class:`~evaluator.core.join.UserImpressions` they are joined against)."""
+
+    user: I64
+    item: Sequence[str]
+    ms: I64
+    grade: FloatArray
+
+
+class LooseJoin(NamedTuple):
+    """What the user-based join of the due requests' users needs, as columns: their
+    open impressions (sorted by user code, time, request id) with each one's request
+    id, and their request-less interactions (user codes as in ``impressions``)."""
+
+    impressions: UserImpressions
+    impression_ids: Sequence[str]
+    interactions: LooseInteractions
+
+
+def _named(
+    requests: list[OpenRequest], request_ms: I64, rules: JoinRules, outcomes: Counter[str]
+) -> Attributed:
+    """The due requests' own interactions."""
+    named = [(row, it) for row, r in enumerate(requests) for it in r.interactions]
+    return attribute_named(
+        request_ms,
+        [r.items for r in requests],
+        NamedInteractions(
+            [row for row, _ in named],
+            [it.item_id for _, it in named],
+            np.fromiter((it.timestamp_ms for _, it in named), dtype=np.int64, count=len(named)),
+            np.fromiter((it.grade for _, it in named), dtype=np.float64, count=len(named)),
+        ),
+        rules,
+        outcomes,
+    )
+
+
+def _loose(
+    requests: list[OpenRequest], loose: LooseJoin, rules: JoinRules, outcomes: Counter[str]
+) -> tuple[Attributed, I64]:
+    """Request-less interactions whose user-based join picks one of ``requests``, and
+    their indexes in ``loose.interactions``."""
+    row_of = {r.request_id: row for row, r in enumerate(requests)}
+    impression_row = np.fromiter(
+        map(row_of.get, loose.impression_ids, repeat(-1)),
+        dtype=np.int64,
+        count=len(loose.impression_ids),
+    )
+    return attribute_loose(
+        loose.impressions, impression_row, loose.interactions, rules, outcomes, classify=False
+    )
+
+
+def cohorts(request_users: Sequence[str], request_ms: I64, history: History, cap: int) -> I64:
+    """``COLD_START`` or ``ESTABLISHED`` for each request, from its user's relevant
+    interactions strictly before it (at most ``cap`` counted)."""
+    codes = history.codes
+    request_user = np.fromiter(
+        map(codes.get, request_users, repeat(-1)), dtype=np.int64, count=len(request_users)
+    )
+    earlier = earlier_counts(history.user, history.ms, request_user, request_ms, cap)
+    return cohort_codes(earlier, cap)
+
+
+@dataclass(frozen=True, slots=True)
+class FinaliseConfig:
+    """Everything finalisation needs, as plain values."""
+
+    rules: JoinRules
+    scoring: ScoringConfig
+    layout: AggregateLayout
+    min_relevant_history: int = 3
+    allowed_lateness_ms: int = 60_000
+    rbo_p: float = 0.9
+    propensity_positions: int = 0
+    """Positions counted for propensity estimation; 0: not collecting."""
+
+    def deadline(self, impression_ms: int) -> int:
+        return deadline_ms(impression_ms, self.rules, self.allowed_lateness_ms)
+
+
+def finalise(
+    requests: list[OpenRequest],
+    loose: LooseJoin | None,
+    config: FinaliseConfig,
+    partition: int | None = None,
+    history: History | None = None,
+) -> Finalised:
+    """Score due requests; the caller adds the rows to the window buckets atomically.
+
+    ``loose``: the due requests' users with request-less interactions (None: none);
+    ``history``: their cold-start histories (None: none).
+
+    ``partition``: the requests belong to that partition's shard (the partition-owned
+    engine); None: users are spread over shards by hash (the shared-state pipeline)."""
+    rules, layout = config.rules, config.layout
+    outcomes: Counter[str] = Counter()
+    impression_ms = np.fromiter(
+        (r.timestamp_ms for r in requests), dtype=np.int64, count=len(requests)
+    )
+    parts = [_named(requests, impression_ms, rules, outcomes)]
+    taken = np.zeros(0, np.int64)
+    if loose is not None:
+        loose_part, taken = _loose(requests, loose, rules, outcomes)
+        parts.append(loose_part)
+    attributed = Attributed.join(parts)
+    scores = score_sparse(len(requests), *attributed, config.scoring)
+    user_ids = [r.user_id for r in requests]
+    cap = config.min_relevant_history
+    cohort = cohorts(user_ids, impression_ms, history or History(), cap) - 1
+    deadlines = impression_ms + config.deadline(0)  # a constant delay after each impression
+    codes = encode_top([r.attributes for r in requests], max(config.scoring.ks))
+    diversity = np.column_stack(
+        [intra_list_diversity(codes[:, :k]) for k in config.scoring.ks]
+    ).reshape(len(requests), len(config.scoring.ks))
+    overlap = np.array(
+        [rbo(r.items, r.shadow, config.rbo_p) if r.shadow else np.nan for r in requests]
+    )
+    return Finalised(
+        requests,
+        contribution_rows(scores, diversity, overlap),
+        cohort,
+        user_buckets(user_ids, layout)
+        if partition is None
+        else partition_user_buckets(user_ids, layout, partition),
+        deadlines,
+        outcomes,
+        observations(
+            [r.context for r in requests],
+            [r.items for r in requests],
+            [r.randomization for r in requests],
+            attributed,
+        )
+        if config.propensity_positions
+        else [],
+        config.propensity_positions,
+        loose_taken=taken,
+    )
+
+
+def observations(
+    contexts: Sequence[str],
+    lists: Sequence[Sequence[str]],
+    randomizations: Sequence[tuple[str, int] | None],
+    attributed: Attributed,
+) -> list[Observation]:
+    """What each request tells the propensity estimators: its context, its list, its
+    randomisation, and the positions it had a relevant attribution at."""
+    clicked = clicked_positions(len(lists), *(c.tolist() for c in attributed))
+    return [
+        Observation(context, items, c, rnd)
+        for context, items, c, rnd in zip(contexts, lists, clicked, randomizations, strict=True)
+    ]

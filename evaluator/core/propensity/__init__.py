@@ -1,0 +1,1 @@
+"""Position propensities: the models applied, and their estimators (randomized, harvesting, EM)."""

@@ -1,0 +1,226 @@
+"""What one finalisation commit writes, computed from the finalised rows (pure).
+
+Blocks: the per-(window, bucket, variant) sums of the requests' statistics rows,
+and per (experiment, variant) the cumulative ones.
+Coverage: which items go to which HyperLogLog sketch, and which sketches are
+merged into longer windows' ones. Propensity: the estimators' counter
+increments per day of finalisation. The Redis store turns them into script
+arguments.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import chain
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from evaluator.core.experiments import SEP
+from evaluator.core.finalise import Finalised
+from evaluator.core.propensity.estimation import Observation, counter_day, increments
+from evaluator.core.windows import AggregateLayout
+
+FloatArray = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+_NOTHING = np.zeros(0, dtype=np.intp)
+"""No positions: a sketch that only holds the union of others (never modified)."""
+SketchKey = Callable[[int, int, str, int], str]
+"""(window ms, bucket start ms, variant, k) -> sketch key; variant "*" and k 0 for the
+catalogue sketch of the longest window."""
+
+
+def block_increments(
+    finalised: Finalised, rows: npt.NDArray[np.intp], layout: AggregateLayout
+) -> tuple[list[tuple[str, int, int, int]], bytes]:
+    """The blocks the given requests add to (name, bucket start, ttl s, window ms), and
+    the per-block sums of their rows as little-endian doubles, one block after another."""
+    requests = finalised.requests
+    codes: dict[str, int] = {}
+    variant = np.fromiter(
+        (codes.setdefault(requests[i].variant, len(codes)) for i in rows.tolist()),
+        dtype=np.int64,
+        count=len(rows),
+    )
+    names = list(codes)
+    local = finalised.user_bucket[rows] // layout.shards
+    cohort = finalised.cohort[rows]
+    values = finalised.rows[rows]
+    deadlines = finalised.deadline_ms[rows]
+    blocks: list[tuple[str, int, int, int]] = []
+    sums: list[FloatArray] = []
+    for window in layout.windows_ms:
+        groups, of_row = _groups(layout, window, deadlines, variant, len(names))
+        block = np.zeros((len(groups), *layout.block_shape))
+        np.add.at(block, (of_row, cohort, local), values)
+        sums.append(block)
+        ttl = (2 * window) // 1000 + 3600
+        blocks += [(f"{window}:{start}:{names[v]}", start, ttl, window) for start, v in groups]
+    data = np.concatenate(sums) if sums else np.zeros((0, *layout.block_shape))
+    return blocks, data.astype("<f8").tobytes()
+
+
+def experiment_increments(finalised: Finalised, layout: AggregateLayout) -> dict[str, FloatArray]:
+    """Per ``experiment US variant``, the block (cohort, local user bucket, row) that the
+    finalised requests add to the experiment's cumulative statistics."""
+    out: dict[str, FloatArray] = {}
+    if not finalised.experiment_rows:
+        return out
+    variants = np.asarray([r.variant for r in finalised.requests], dtype=object)
+    local = finalised.user_bucket // layout.shards
+    for name, rows in finalised.experiment_rows.items():
+        for variant in np.unique(variants[rows]).tolist():
+            mine = rows[variants[rows] == variant]
+            block = out.setdefault(name + SEP + variant, np.zeros(layout.block_shape))
+            np.add.at(block, (finalised.cohort[mine], local[mine]), finalised.rows[mine])
+    return out
+
+
+def merge_increments(parts: list[dict[str, FloatArray]]) -> dict[str, FloatArray]:
+    """Blocks of several finalised batches summed per key."""
+    out: dict[str, FloatArray] = {}
+    for part in parts:
+        for key, block in part.items():
+            if key in out:
+                out[key] = out[key] + block
+            else:
+                out[key] = block
+    return out
+
+
+@dataclass(slots=True)
+class CoverageUpdate:
+    """What one batch of finalised requests adds to the coverage sketches: every shown
+    item once (``items``, flattened in request order) and, per sketch the batch
+    touches, the positions in ``items`` added to it directly and the sketches (earlier
+    in ``sketches``) whose items of this batch it holds too."""
+
+    items: list[str]
+    sketches: dict[str, tuple[npt.NDArray[np.intp], list[str]]]
+
+
+def coverage_updates(
+    finalised: Finalised, layout: AggregateLayout, key: SketchKey
+) -> CoverageUpdate:
+    """Which shown items go to which sketch (as positions, and unions of other sketches).
+
+    Windows without a :meth:`AggregateLayout.sketch_source` get items, per variant
+    and bucket; the others hold the union of their source window's sketches inside
+    their bucket. Cut-offs nest: the top-K sketch gets the ranks after the next
+    smaller K and holds that K's sketch (the top 20 hold the top 10), so each shown
+    item is placed once, not once per K. The longest window also keeps a catalogue
+    sketch of every shown item: the union of its top max(K) sketches plus the items
+    beyond max(K). The writer builds each sketch's part of the batch in the process
+    and merges it into the stored sketch once: no merges between stored sketches,
+    each of which costs Redis a pass over all 16,384 registers. Computed over arrays
+    (no per-item Python work): the caller hashes ``items`` once."""
+    requests = finalised.requests
+    lists = [r.items for r in requests]
+    lengths = np.fromiter(map(len, lists), dtype=np.intp, count=len(lists))
+    items = list(chain.from_iterable(lists))
+    row = np.repeat(np.arange(len(lists)), lengths)
+    rank = np.arange(len(items)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    ks = sorted(layout.ks)
+    # cut-off level of each shown item: ranks (ks[j-1], ks[j]] go to the top-ks[j] sketch
+    level = np.searchsorted(np.asarray(ks), rank, side="right")
+    names: dict[str, int] = {}
+    variant = np.fromiter(
+        (names.setdefault(r.variant, len(names)) for r in requests), np.int64, len(requests)
+    )
+    variants = list(names)
+    out = CoverageUpdate(items, {})
+    longest, widest = max(layout.windows_ms), max(ks)
+    tops: dict[int, list[str]] = {}  # longest-window bucket -> its top max(K) sketches
+    placed: list[tuple[int, int, str, int, str]] = []  # (window, start, variant, k, name)
+    for window in layout.windows_ms:
+        if layout.sketch_source(window) is not None:
+            continue
+        groups, of_row = _groups(layout, window, finalised.deadline_ms, variant, len(variants))
+        # positions of each (group, level), grouped by one stable sort
+        levels = len(ks) + 1  # the last: ranks beyond max(K), in no cut-off's sketch
+        cell = of_row[row] * levels + level
+        order = np.argsort(cell, kind="stable")
+        counts = np.bincount(cell, minlength=len(groups) * levels)
+        bounds = np.cumsum(counts) - counts
+        for g, (start, v) in enumerate(groups):
+            smaller: list[str] = []
+            for j, k in enumerate(ks):
+                name = key(window, start, variants[v], k)
+                c = g * levels + j
+                out.sketches[name] = (order[bounds[c] : bounds[c] + counts[c]], smaller)
+                placed.append((window, start, variants[v], k, name))
+                smaller = [name]
+            if window == longest:
+                tops.setdefault(start, []).append(smaller[0])
+    for window in layout.windows_ms:
+        source = layout.sketch_source(window)
+        for w, start, shown_by, k, name in placed if source is not None else ():
+            if w != source:
+                continue
+            long_start = _longer_start(layout, window, start)
+            longer = key(window, long_start, shown_by, k)
+            if longer not in out.sketches:
+                out.sketches[longer] = (_NOTHING, [])
+                if window == longest and k == widest:
+                    tops.setdefault(long_start, []).append(longer)
+            out.sketches[longer][1].append(name)
+    _catalogue(out, layout, key, tops, deadlines=finalised.deadline_ms, row=row, level=level)
+    return out
+
+
+def _groups(
+    layout: AggregateLayout, window: int, deadlines: I64, variant: I64, n_variants: int
+) -> tuple[list[tuple[int, int]], I64]:
+    """The distinct (bucket start, variant code) of the requests, and each one's group."""
+    width = layout.bucket_width(window)
+    bucket = deadlines // width  # bucket starts are multiples of the width
+    first = int(bucket.min()) if len(bucket) else 0
+    keys, of_row = np.unique((bucket - first) * n_variants + variant, return_inverse=True)
+    groups = [((first + c // n_variants) * width, c % n_variants) for c in keys.tolist()]
+    return groups, of_row.reshape(-1)
+
+
+def _catalogue(
+    out: CoverageUpdate,
+    layout: AggregateLayout,
+    key: SketchKey,
+    tops: dict[int, list[str]],
+    *,
+    deadlines: I64,
+    row: I64,
+    level: I64,
+) -> None:
+    """The catalogue sketch of each longest-window bucket: every item shown is in some
+    variant's top max(K) sketch of that bucket (``tops``, held as a union) or beyond
+    max(K) (added)."""
+    longest = max(layout.windows_ms)
+    beyond = np.flatnonzero(level == len(layout.ks))
+    width = layout.bucket_width(longest)
+    start_of = (deadlines[row[beyond]] // width) * width
+    added = {s: beyond[start_of == s] for s in np.unique(start_of).tolist()}
+    for start in sorted(set(tops) | set(added)):
+        catalogue = key(longest, start, "*", 0)
+        out.sketches[catalogue] = (added.get(start, _NOTHING), tops.get(start, []))
+
+
+def propensity_increments(finalised: Finalised, rows: npt.NDArray[np.intp]) -> list[Any]:
+    """[day, [field, increment, ...], ...]: the given requests' estimator counters per
+    day of finalisation (days as strings: Lua would print large numbers as floats)."""
+    if not finalised.observations:
+        return []
+    by_day: dict[int, list[Observation]] = defaultdict(list)
+    for i in rows.tolist():
+        by_day[counter_day(int(finalised.deadline_ms[i]))].append(finalised.observations[i])
+    out: list[Any] = []
+    for day, observed in by_day.items():
+        counts = increments(observed, finalised.propensity_positions)
+        out += [str(day), [x for pair in counts.items() for x in pair]]
+    return out
+
+
+def _longer_start(layout: AggregateLayout, window_ms: int, start_ms: int) -> int:
+    """Start of the ``window_ms`` bucket holding the bucket that starts at ``start_ms``."""
+    return int(layout.bucket_start(window_ms, np.array([start_ms], dtype=np.int64))[0])

@@ -1,0 +1,84 @@
+"""The propensity curve each window bucket is scored with (``propensity.model =
+"estimated"``): fitted from the store's estimator counters and fixed per bucket in the
+store, so every instance and partition scores a bucket with the same curve."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from evaluator.config import Settings
+from evaluator.core.finalise import FinaliseConfig, OpenRequest
+from evaluator.core.propensity.estimation import estimate
+from evaluator.engine.ports import StateStore
+
+ESTIMATE_EVERY_S = 30.0
+"""How often the curve offered to new window buckets is re-fitted."""
+
+
+class BucketCurves:
+    """Groups due requests by the finalisation config of their bucket."""
+
+    def __init__(
+        self,
+        store: StateStore,
+        settings: Settings,
+        finalised: Callable[[], int],
+        partitions: int | None = None,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.partitions = partitions
+        self.config = settings.finalise_config(partitions=partitions)
+        self.finalised = finalised
+        """Requests finalised so far by this process (a re-fit trigger)."""
+        self._configs: dict[int, FinaliseConfig] = {}
+        self._fit: tuple[float, int, tuple[float, ...] | None] | None = None
+        """(monotonic time, requests finalised, curve) of the last fit."""
+
+    def group(self, requests: list[OpenRequest]) -> list[tuple[FinaliseConfig, list[OpenRequest]]]:
+        """With a fixed model, one group; with ``estimated``, one per bucket (of the
+        shortest window) that the requests' deadlines fall in."""
+        if not self.settings.propensity.estimated or not requests:
+            return [(self.config, requests)]
+        layout = self.config.layout
+        window = min(layout.windows_ms)
+        deadlines = np.array([self.config.deadline(r.timestamp_ms) for r in requests])
+        starts = layout.bucket_start(window, deadlines).tolist()
+        groups: dict[int, list[OpenRequest]] = {}
+        for start, request in zip(starts, requests, strict=True):
+            groups.setdefault(start, []).append(request)
+        return [(self._bucket(start), group) for start, group in groups.items()]
+
+    def _estimate(self) -> tuple[float, ...] | None:
+        """The estimator's current curve: re-fitted when none exists yet, every
+        ESTIMATE_EVERY_S seconds, and whenever 10% more requests (at least 1,000) were
+        finalised since the last fit, so an early curve fitted on little data is soon
+        replaced."""
+        now, done = time.monotonic(), self.finalised()
+        cached = self._fit
+        if cached is not None and cached[2] is not None:
+            fitted_at, fitted_done, curve = cached
+            fresh = now - fitted_at < ESTIMATE_EVERY_S
+            if fresh and done - fitted_done < max(1_000, fitted_done // 10):
+                return curve
+        p = self.settings.propensity
+        counts = self.store.propensity_counts()
+        fitted = estimate(
+            counts, p.estimator_name, p.positions, p.min_clicks, intervals=False
+        ).curve()  # scoring needs the curve only
+        self._fit = (now, done, fitted)
+        return fitted
+
+    def _bucket(self, bucket_ms: int) -> FinaliseConfig:
+        config = self._configs.get(bucket_ms)
+        if config is None:
+            current = self._estimate()
+            curve = self.store.propensity_curve(bucket_ms, current) if current else None
+            config = self.settings.finalise_config(curve, self.partitions)
+            if len(self._configs) > 64:
+                self._configs.clear()
+            self._configs[bucket_ms] = config
+        return config

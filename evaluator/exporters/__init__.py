@@ -1,1 +1,0 @@
-"""Exporters: Prometheus metrics and the HTTP endpoints that serve them."""

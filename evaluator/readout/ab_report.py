@@ -1,0 +1,185 @@
+"""Replay's A/B readout: the experiments of a file, read by the exporter's code.
+
+Replay finalises every request of the files at once, so each experiment's
+cumulative statistics are all of its requests, and its users are counted at
+their first impression in the file (a user's events keep their order, as in a
+partition). The readout itself is :func:`evaluator.core.ab.readout.read_experiment`, the
+function behind the Prometheus series and the dashboard. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from itertools import chain
+from typing import Any
+
+import numpy as np
+
+from evaluator.config import Settings
+from evaluator.core.ab.readout import ExperimentReadout, ReadoutRules, read_experiment
+from evaluator.core.ab.stats import SequentialTracker
+from evaluator.core.batch import ScoredRequests
+from evaluator.core.windows import user_buckets
+
+
+def rules_of(settings: Settings) -> ReadoutRules:
+    ab, layout = settings.ab, settings.layout()
+    columns = {mk: 2 + i for i, mk in enumerate(layout.columns())}
+    return ReadoutRules(
+        layout.ks,
+        columns,
+        settings.metrics.zero_relevance,
+        ab.alpha,
+        ab.tuning,
+        ab.min_users,
+        ab.min_effective_buckets,
+    )
+
+
+def _first_exposures(users: list[str], variants: list[str], rows: list[int]) -> dict[str, int]:
+    """Users per variant of their first request among ``rows`` (file order)."""
+    seen: dict[str, str] = {}
+    for i in rows:
+        seen.setdefault(users[i], variants[i])
+    counts: dict[str, int] = {}
+    for variant in seen.values():
+        counts[variant] = counts.get(variant, 0) + 1
+    return counts
+
+
+def experiment_readouts(scored: ScoredRequests, settings: Settings) -> list[ExperimentReadout]:
+    """Each configured experiment (or ``default``) read once over the files."""
+    events = scored.requests.events
+    users = [e.user_id for e in events]
+    variants = [scored.variant_names[c] for c in scored.variant.tolist()]
+    times = np.asarray(scored.requests.timestamp_ms, dtype=np.int64)
+    layout = settings.layout()
+    n = len(events)
+    rows = np.hstack(
+        [
+            np.ones((n, 1)),
+            scored.scores.engaged.astype(np.float64)[:, None],
+            scored.scores.matrix(),
+        ]
+    )
+    bucket = user_buckets(users, layout) if n else np.zeros(0, dtype=np.int64)
+    out = []
+    for experiment in settings.ab.experiment_list():
+        mine = experiment.rows(variants, times)
+        blocks: dict[str, Any] = {}
+        for code in np.unique(scored.variant[mine]).tolist():
+            picked = mine[scored.variant[mine] == code]
+            block = np.zeros((1, layout.user_buckets, rows.shape[1]))
+            np.add.at(block[0], bucket[picked], rows[picked])
+            blocks[scored.variant_names[code]] = block
+        exposed = _first_exposures(users, variants, mine.tolist())
+        tracker = SequentialTracker()
+        readout = read_experiment(experiment, blocks, exposed, rules_of(settings), tracker)
+        readout.overlap = _overlap(scored, mine, readout.control, layout.ks)
+        out.append(readout)
+    return out
+
+
+def _overlap(
+    scored: ScoredRequests, rows: Any, control: str, ks: tuple[int, ...]
+) -> dict[tuple[str, int], float]:
+    """Jaccard@K of each variant's top-K item set with the control's, over ``rows``."""
+    if not control:
+        return {}
+    events = scored.requests.events
+    codes = scored.variant[rows]
+    sets: dict[str, dict[int, set[str]]] = {}
+    for code in np.unique(codes).tolist():
+        lists = [events[r].items for r in rows[codes == code].tolist()]
+        seen: set[str] = set()
+        per_k: dict[int, set[str]] = {}
+        done = 0
+        for k in sorted(ks):  # each rank slice added once, as for coverage
+            seen.update(chain.from_iterable(items[done:k] for items in lists))
+            per_k[k], done = set(seen), k
+        sets[scored.variant_names[code]] = per_k
+    if control not in sets:
+        return {}
+    out = {}
+    for variant, per_k in sets.items():
+        if variant == control:
+            continue
+        for k in ks:
+            union = per_k[k] | sets[control][k]
+            out[(variant, k)] = len(per_k[k] & sets[control][k]) / len(union) if union else 0.0
+    return out
+
+
+def _num(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def ab_json(readouts: list[ExperimentReadout]) -> dict[str, Any]:
+    """The report's ``"ab"`` block (docs/statistics.md, "Replay's readout")."""
+    return {
+        r.name: {
+            "control": r.control,
+            "users": r.users,
+            "requests": r.requests,
+            "srm_p_value": _num(r.srm_p_fixed),
+            "srm_p_sequential": _num(r.srm_p_sequential),
+            "overlap": {
+                variant: {str(k): j for (v, k), j in r.overlap.items() if v == variant}
+                for variant in sorted({v for v, _ in r.overlap})
+            },
+            "comparisons": [
+                {
+                    "variant": c.variant,
+                    "k": c.k,
+                    "adjusted": c.adjusted == "true",
+                    "diff": _num(c.diff),
+                    "lower": _num(c.lower),
+                    "upper": _num(c.upper),
+                    "p_sequential": _num(c.p_sequential),
+                    "p_fixed": _num(c.p_fixed),
+                    "ready": c.ready,
+                    "reason": c.reason,
+                }
+                for c in r.comparisons
+            ],
+        }
+        for r in readouts
+    }
+
+
+def _f(value: float | None, digits: int = 4) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def _p(value: float | None) -> str:
+    if value is not None and value < 1e-4:
+        return "< 0.0001"
+    return _f(value)
+
+
+def ab_lines(ab: dict[str, Any], k: int) -> list[str]:
+    """The A/B part of the readable table (raw nDCG@k)."""
+    lines = []
+    for name, block in ab.items():
+        users = " / ".join(f"{v} {n:,}" for v, n in block["users"].items())
+        lines.append(
+            f"A/B {name} (control {block['control']}): users {users}, "
+            f"SRM p {_p(block['srm_p_value'])} "
+            f"(always valid {_p(block.get('srm_p_sequential'))})"
+        )
+        for c in block["comparisons"]:
+            if c["k"] != k or c["adjusted"]:
+                continue
+            jaccard = block.get("overlap", {}).get(c["variant"], {}).get(str(k))
+            overlap = "" if jaccard is None else f", item overlap (Jaccard@{k}) {jaccard:.3f}"
+            if not c["ready"]:
+                lines.append(
+                    f"  {c['variant']}: nDCG@{k} diff {_f(c['diff'])} ({c['reason']}){overlap}"
+                )
+                continue
+            lines.append(
+                f"  {c['variant']}: nDCG@{k} diff {_f(c['diff'])} "
+                f"[{_f(c['lower'])}, {_f(c['upper'])}], p sequential {_p(c['p_sequential'])}, "
+                f"fixed {_p(c['p_fixed'])}{overlap}"
+            )
+    return lines

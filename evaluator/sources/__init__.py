@@ -1,1 +1,0 @@
-"""Event sources: JSON Lines files (and, in later modules, Kafka and the simulator)."""
