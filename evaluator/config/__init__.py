@@ -1,60 +1,9 @@
 """Configuration: the TOML file, ``EVALUATOR_*`` environment overrides and flags,
-validated into :class:`Settings` (:mod:`evaluator.config.load`); the sections are in
-:mod:`evaluator.config.settings`, :mod:`evaluator.config.ab` and
-:mod:`evaluator.config.services`."""
+validated into :class:`Settings` (:mod:`evaluator.config.load`, whose public names
+this package exports); the sections are in :mod:`evaluator.config.settings`,
+:mod:`evaluator.config.ab` and :mod:`evaluator.config.services`."""
 
-from evaluator.config.load import (
-    DEFAULT_COMPOSITE,
-    ENV_PREFIX,
-    SECRET_KEYS,
-    ABSettings,
-    ColdStartSettings,
-    ConfigError,
-    EventsSettings,
-    EventTimeSettings,
-    ExperimentSettings,
-    HttpSettings,
-    JoinSettings,
-    KafkaSettings,
-    MetricsSettings,
-    ProfileSettings,
-    PropensitySettings,
-    RedisSettings,
-    RelevanceSettings,
-    Settings,
-    WindowSettings,
-    build_settings,
-    env_overrides,
-    load_settings,
-    load_tree,
-    masked,
-    merge,
-)
+from evaluator.config import load
+from evaluator.config.load import *  # noqa: F403 - the package's face is load's __all__
 
-__all__ = [
-    "DEFAULT_COMPOSITE",
-    "ENV_PREFIX",
-    "SECRET_KEYS",
-    "ABSettings",
-    "ColdStartSettings",
-    "ConfigError",
-    "EventTimeSettings",
-    "EventsSettings",
-    "ExperimentSettings",
-    "HttpSettings",
-    "JoinSettings",
-    "KafkaSettings",
-    "MetricsSettings",
-    "ProfileSettings",
-    "PropensitySettings",
-    "RedisSettings",
-    "RelevanceSettings",
-    "Settings",
-    "WindowSettings",
-    "build_settings",
-    "env_overrides",
-    "load_settings",
-    "load_tree",
-    "masked",
-    "merge",
-]
+__all__ = load.__all__
