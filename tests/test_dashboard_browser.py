@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 
+from evaluator.core.metrics.registry import REGISTRY
 from tests.live import running_demo
 
 SCREENSHOT_ENV = "DASHBOARD_SCREENSHOT"
@@ -68,6 +69,15 @@ def test_dashboard_renders_live_values(demo_server, tmp_path) -> None:
         assert all(len(line.get_attribute("d")) > 10 for line in lines)
         legend = browser.find_element(By.ID, "ndcg-legend").text
         assert "control: raw 0." in legend and "treatment: raw 0." in legend
+        # the table has a column per exported metric of the registry, a row per variant
+        table = browser.find_element(By.ID, "metrics-table")
+        heads = [h.text for h in table.find_elements(By.CSS_SELECTOR, "th")]
+        assert heads == ["variant", *(m.label for m in REGISTRY if m.family)]
+        rows = table.find_elements(By.CSS_SELECTOR, "tr[data-variant]")
+        assert {r.get_attribute("data-variant") for r in rows} == {"control", "treatment"}
+        for r in rows:
+            cells = [c.text for c in r.find_elements(By.CSS_SELECTOR, "td")][1:]
+            assert all(0.0 <= float(c) <= 1.0 for c in cells), cells
         bars = browser.find_elements(By.CSS_SELECTOR, "#requests-chart rect.bar")
         assert len(bars) == 2 and all(float(b.get_attribute("height")) > 0 for b in bars)
         # users per arm since the experiment's start, with the sample-ratio test

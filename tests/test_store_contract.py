@@ -790,3 +790,60 @@ def test_an_ended_experiment_counts_no_late_impression_again(make_store) -> None
     late = decode_impressions([impression("r3", "u1", 7_000, ["a"], variant="B")])[0]
     Driver(store, settings=EXPERIMENTS).ingest(late, interactions())  # dropped records
     assert store.exposures("late") == {"B": 1}
+
+
+@pytest.mark.parametrize("cluster", [False, True], ids=["redis", "redis-cluster"])
+def test_redis_grows_a_stored_layout_and_reads_its_old_blocks(
+    request: pytest.FixtureRequest, key_prefix: str, cluster: bool
+) -> None:
+    """State written by a version without a metric (here: without recall) is read by
+    one with it, on the same prefix: the stored columns keep their place, the new ones
+    are appended, blocks the two versions share are widened in place, and the new
+    metric is the mean over the requests finalised since (its own count)."""
+    from evaluator.adapters.redis.store import RedisStore, connect
+    from evaluator.core.metrics.registry import METRICS
+    from evaluator.core.rows import fresh_columns
+
+    url = request.getfixturevalue("redis_cluster_url" if cluster else "redis_url")
+    fresh = SETTINGS.layout()
+    without = [m for m in METRICS if m != "recall"]
+    before = dataclasses.replace(fresh, column_names=fresh_columns(fresh.ks, without))
+
+    def owner(layout):
+        store = RedisStore(connect(url, cluster=cluster), layout, prefix=key_prefix)
+        store.check_layout()
+        return store, dataclasses.replace(CONFIG, layout=store.layout)
+
+    def batch(store, config, first: int, engaged: list[bool]) -> None:
+        rows = [(f"r{first + i}", f"u{first + i}", 1_000, ["a", "b"]) for i in range(2)]
+        clicks = [
+            (f"i{first + i}", f"u{first + i}", "b", f"r{first + i}", 1_500, "purchase")
+            for i, hit in enumerate(engaged)
+            if hit
+        ]
+        Driver(store, config).ingest(impressions(*rows), interactions(*clicks))
+        assert finalised(Driver(store, config).finalise(CONFIG.deadline(1_000))) == 2
+
+    old, old_config = owner(before)
+    assert old.layout.column_names == before.column_names
+    batch(old, old_config, 0, [True, False])
+    new, new_config = owner(fresh)
+    added = [c for c in fresh.column_names if c not in before.column_names]
+    assert added == ["sum:recall@10", "sum:recall@20", "sq:recall@10", "sq:recall@20"]
+    assert new.layout.column_names == (*before.column_names, "count#1", "engaged#1", *added)
+    batch(new, new_config, 2, [True, True])
+    again, _ = owner(fresh)  # a restart keeps the grown layout
+    assert again.layout.column_names == new.layout.column_names
+    schema = new.layout.schema
+    for read in (
+        sum(new.blocks(max(fresh.windows_ms)).values()),
+        sum(new.experiment_blocks("default").values()),
+    ):
+        assert read[..., schema.index("count")].sum() == 4
+        assert read[..., schema.index("count#1")].sum() == 2
+        # item b at rank 2 bought: nDCG@10 = 1/log2(3) for each engaged request, recall 1
+        assert schema.mean(read, "ndcg", 10, "count") == pytest.approx(3 / np.log2(3) / 4)
+        assert schema.mean(read, "recall", 10, "count") == pytest.approx(1.0)
+        assert schema.mean(read, "recall", 10, "skip") == pytest.approx(1.0)
+    for store in (old, new, again):
+        store.close()

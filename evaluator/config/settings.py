@@ -21,7 +21,7 @@ from evaluator.config.services import (
 )
 from evaluator.core.finalise import FinaliseConfig, deadline_ms
 from evaluator.core.join import JoinRules
-from evaluator.core.metrics.ndcg import GainKind
+from evaluator.core.metrics.spec import GainKind
 from evaluator.core.propensity.estimation import Estimator
 from evaluator.core.propensity.models import (
     EstimatedCurve,
@@ -295,13 +295,18 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
         )
 
     def finalise_config(
-        self, curve: tuple[float, ...] | None = None, partitions: int | None = None
+        self,
+        curve: tuple[float, ...] | None = None,
+        partitions: int | None = None,
+        layout: AggregateLayout | None = None,
     ) -> FinaliseConfig:
+        """Finalisation's plain values; ``layout``: the store's (grown over stored
+        state, :func:`evaluator.core.windows.resume`), default a fresh one."""
         return FinaliseConfig(
             rules=self.join.rules(),
             scoring=self.scoring(curve),
             propensity_positions=self.propensity.positions if self.propensity.collect else 0,
-            layout=self.layout(partitions),
+            layout=layout or self.layout(partitions),
             min_relevant_history=self.cold_start.min_relevant_history,
             allowed_lateness_ms=self.event_time.ms("allowed_lateness"),
         )

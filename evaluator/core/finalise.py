@@ -317,7 +317,7 @@ def finalise(
     )
     return Finalised(
         requests,
-        contribution_rows(scores, diversity, overlap),
+        contribution_rows(scores, diversity, overlap, layout.schema),
         cohort,
         user_buckets(user_ids, layout)
         if partition is None

@@ -12,14 +12,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from evaluator.core.metrics.cutoff import cutoff_scores
-from evaluator.core.metrics.ndcg import GainKind, ndcg
+from evaluator.core.metrics.registry import METRICS, REGISTRY
+from evaluator.core.metrics.spec import GainKind, Ranked
 from evaluator.core.propensity.models import NoBias, PropensityModel, ips_weights
 
 FloatArray = npt.NDArray[np.float64]
 
-METRICS = ("ndcg", "ndcg_adjusted", "mrr", "hit_rate", "precision", "recall")
-"""Per-request metrics; each is computed at every cutoff K."""
+__all__ = ["METRICS", "RequestScores", "ScoringConfig", "score_requests", "score_sparse"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,21 +58,11 @@ def score_requests(grades: FloatArray, config: ScoringConfig) -> RequestScores:
     """Score requests from their grade matrix (rows: requests, columns: positions)."""
     grades = np.asarray(grades, dtype=np.float64)
     width = max(grades.shape[1], 1)
-    raw = ndcg(grades, config.ks, config.gain)
-    if isinstance(config.propensity, NoBias):
-        adjusted = raw
-    else:
+    weights = None
+    if not isinstance(config.propensity, NoBias):
         weights = ips_weights(config.propensity, width, config.propensity_clip)
-        adjusted = ndcg(grades, config.ks, config.gain, weights)
-    cut = cutoff_scores(grades, config.ks)
-    values = {
-        "ndcg": raw,
-        "ndcg_adjusted": adjusted,
-        "mrr": cut.mrr,
-        "hit_rate": cut.hit_rate,
-        "precision": cut.precision,
-        "recall": cut.recall,
-    }
+    ranked = Ranked(grades, config.ks, config.gain, weights)
+    values = {m.name: m.compute(ranked) for m in REGISTRY}
     engaged: npt.NDArray[np.bool_] = np.asarray((grades > 0).any(axis=1))
     return RequestScores(config.ks, values, engaged)
 

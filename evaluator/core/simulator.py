@@ -30,7 +30,8 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from evaluator.core.metrics.ndcg import GainKind, ndcg
+from evaluator.core.metrics.ndcg import ndcg
+from evaluator.core.metrics.spec import GainKind
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

@@ -6,9 +6,7 @@ chosen by its *finalisation time* (impression time + attribution window + clock
 skew + allowed lateness), so a window holds "the requests finalised in it".
 
 A bucket holds, per variant, a float64 block of shape ``(2 cohorts, local user
-buckets, row width)``. A row is ``[count, engaged, sum of each metric@K...,
-sum of squares of each metric@K..., lists with a diversity@K..., sum of
-diversity@K..., requests with a shadow ranking, sum of RBO with it]``.
+buckets, row width)``; a row's columns are named (:mod:`evaluator.core.rows`).
 Users are hashed into ``user_buckets``;
 bucket ``b`` lives in shard ``b % shards`` at local index ``b // shards``, so a
 shard's blocks only carry its own users and summing shards loses nothing.
@@ -18,11 +16,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from evaluator.core.rows import RowSchema, fresh_columns, widen
 from evaluator.core.scoring import METRICS, RequestScores
 from evaluator.core.sketch import hash_strings
 
@@ -41,29 +41,36 @@ class AggregateLayout:
     buckets_per_window: int = 12
     user_buckets: int = 128
     shards: int = 16
-    metrics: tuple[str, ...] = METRICS
+    column_names: tuple[str, ...] = ()
+    """The stored row layout (:mod:`evaluator.core.rows`); empty: a fresh one for
+    ``ks`` and every registered metric."""
+    schema: RowSchema = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.user_buckets % self.shards:
             raise ValueError("user_buckets must be a multiple of shards")
-
-    @property
-    def n_values(self) -> int:
-        return len(self.metrics) * len(self.ks)
+        if not self.column_names:
+            object.__setattr__(self, "column_names", fresh_columns(self.ks, METRICS))
+        object.__setattr__(self, "schema", RowSchema(self.column_names))
 
     @property
     def row_width(self) -> int:
-        return 2 + 2 * self.n_values + 2 * len(self.ks) + 2
+        return len(self.column_names)
+
+    def columns(self) -> list[tuple[str, int]]:
+        """(metric, k) of each value column, in row order after count and engaged: a
+        fresh layout's positions (a grown one is read by name, through ``schema``)."""
+        if self.column_names != fresh_columns(self.ks, METRICS):
+            raise ValueError("a grown layout has no positional columns: use its schema")
+        return RequestScores.columns(self.ks)
 
     def rbo_columns(self) -> tuple[int, int]:
         """Row columns of (requests with a shadow ranking, sum of their RBO)."""
-        return self.row_width - 2, self.row_width - 1
+        return self.schema.index("rbo_lists"), self.schema.index("rbo_sum")
 
     def diversity_columns(self, k: int) -> tuple[int, int]:
         """Row columns of (lists with a diversity@k, sum of diversity@k)."""
-        i = self.ks.index(k)
-        base = 2 + 2 * self.n_values
-        return base + i, base + len(self.ks) + i
+        return self.schema.index(f"div_lists@{k}"), self.schema.index(f"div_sum@{k}")
 
     @property
     def local_buckets(self) -> int:
@@ -94,23 +101,61 @@ class AggregateLayout:
             return None
         return shortest
 
-    def fingerprint(self) -> str:
-        """Identifies the block layout; stored state with another layout is refused."""
-        return json.dumps(
-            {
-                "ks": self.ks,
-                "metrics": self.metrics,
-                "user_buckets": self.user_buckets,
-                "shards": self.shards,
-                "windows_ms": self.windows_ms,
-                "buckets_per_window": self.buckets_per_window,
-            },
-            sort_keys=True,
-        )
+    def structure(self) -> dict[str, Any]:
+        """What stored blocks and keys depend on beside their columns: state with
+        another structure cannot be read."""
+        return {  # the partition count first: it changes user_buckets' rounding too
+            "shards": self.shards,
+            "user_buckets": self.user_buckets,
+            "windows_ms": list(self.windows_ms),
+            "buckets_per_window": self.buckets_per_window,
+        }
 
-    def columns(self) -> list[tuple[str, int]]:
-        """(metric, k) of each value column, in row order after count and engaged."""
-        return RequestScores.columns(self.ks)
+    def fingerprint(self) -> str:
+        """The stored description of the layout: its structure and named columns."""
+        return json.dumps({**self.structure(), "columns": list(self.column_names)}, sort_keys=True)
+
+
+_STRUCTURE_SETTING = {
+    "user_buckets": "windows.user_buckets",
+    "shards": "the partition count of the input topics",
+    "windows_ms": "windows.sizes (ms)",
+    "buckets_per_window": "windows.buckets_per_window",
+}
+
+
+class LayoutRefusedError(ValueError):
+    """Stored state this layout cannot read or convert; the message says what changed."""
+
+
+def resume(layout: AggregateLayout, stored: str | None) -> AggregateLayout:
+    """The layout to run with over state stored with fingerprint ``stored`` (None or
+    empty: no state yet, ``layout`` itself).
+
+    Columns this version adds are appended (a new generation); the stored ones
+    keep their place, so every block written before stays readable. Fingerprints
+    from before named columns (``ks`` and ``metrics``) describe the fresh layout of
+    those. A different structure, or a stored column this version would no longer
+    write, raises :class:`LayoutRefusedError`."""
+    if not stored:
+        return layout
+    old = json.loads(stored)
+    for key, now in layout.structure().items():
+        if old.get(key) != now:
+            was = old.get(key)
+            raise LayoutRefusedError(f"{_STRUCTURE_SETTING[key]} was {was} and is now {now}")
+    if "columns" in old:
+        columns = tuple(old["columns"])
+    else:  # written before named columns
+        columns = fresh_columns(old["ks"], old["metrics"])
+    kept = RowSchema(columns)
+    dropped = kept.missing(layout.schema)
+    if dropped:
+        raise LayoutRefusedError(
+            f"with columns this configuration no longer computes ({', '.join(dropped[:4])}"
+            f"{', ...' if len(dropped) > 4 else ''}; a cutoff removed from metrics.k?)"
+        )
+    return replace(layout, column_names=kept.grown(layout.schema).names)
 
 
 def user_buckets(user_ids: Sequence[str], layout: AggregateLayout) -> I64:
@@ -134,9 +179,13 @@ def shard_of(user_ids: Sequence[str], layout: AggregateLayout) -> I64:
 
 
 def contribution_rows(
-    scores: RequestScores, diversity: FloatArray, overlap: FloatArray
+    scores: RequestScores,
+    diversity: FloatArray,
+    overlap: FloatArray,
+    schema: RowSchema | None = None,
 ) -> FloatArray:
-    """One statistics row per request (see the module docstring for the columns).
+    """One statistics row per request, in ``schema``'s column order (default: a fresh
+    layout for the scores' cutoffs).
 
     ``diversity`` has one column per K and ``overlap`` one value per request (RBO
     with the shadow ranking), NaN where undefined.
@@ -145,7 +194,7 @@ def contribution_rows(
     n = values.shape[0]
     defined = np.isfinite(diversity)
     has_rbo = np.isfinite(overlap)
-    return np.hstack(
+    rows = np.hstack(
         [
             np.ones((n, 1)),
             scores.engaged.astype(np.float64)[:, None],
@@ -157,6 +206,17 @@ def contribution_rows(
             np.where(has_rbo, overlap, 0.0)[:, None],
         ]
     )
+    if schema is None:
+        return rows
+    return schema.assemble(fresh_columns(scores.ks, METRICS), rows)
+
+
+def stored_block(raw: bytes, layout: AggregateLayout) -> FloatArray:
+    """A block read back from its little-endian doubles. One written before columns
+    were added is narrower: it reads with zeros in them (:func:`evaluator.core.rows.widen`)."""
+    flat = np.frombuffer(raw, dtype="<f8")
+    rows = 2 * layout.local_buckets
+    return widen(flat.reshape(2, layout.local_buckets, flat.size // rows), layout.row_width)
 
 
 def empty_block(layout: AggregateLayout) -> FloatArray:

@@ -31,7 +31,7 @@ class BucketCurves:
         self.store = store
         self.settings = settings
         self.partitions = partitions
-        self.config = settings.finalise_config(partitions=partitions)
+        self.config = settings.finalise_config(partitions=partitions, layout=store.layout)
         self.finalised = finalised
         """Requests finalised so far by this process (a re-fit trigger)."""
         self._configs: dict[int, FinaliseConfig] = {}
@@ -77,7 +77,7 @@ class BucketCurves:
         if config is None:
             current = self._estimate()
             curve = self.store.propensity_curve(bucket_ms, current) if current else None
-            config = self.settings.finalise_config(curve, self.partitions)
+            config = self.settings.finalise_config(curve, self.partitions, self.store.layout)
             if len(self._configs) > 64:
                 self._configs.clear()
             self._configs[bucket_ms] = config

@@ -22,6 +22,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from evaluator.config import Settings
 from evaluator.core.events import InvalidReason
 from evaluator.core.timeutil import parse_duration_ms
+from evaluator.core.windows import AggregateLayout
 from evaluator.engine.batches import PartitionBatch, PipelineStats, Rejected, wall_clock_ms
 from evaluator.engine.bounds import ForwardingBounds, fresher
 from evaluator.engine.checkpoint import Delta, Marks, Outcome
@@ -43,10 +44,12 @@ MAX_PENDING_FIELDS = 200_000
 segment rows wait to be written."""
 
 
-def engine_config(settings: Settings, partitions: int | None = None) -> EngineConfig:
-    """The engine's settings, as plain values."""
+def engine_config(
+    settings: Settings, partitions: int | None = None, layout: AggregateLayout | None = None
+) -> EngineConfig:
+    """The engine's settings, as plain values (``layout``: the store's)."""
     return EngineConfig(
-        settings.finalise_config(partitions=partitions),
+        settings.finalise_config(partitions=partitions, layout=layout),
         max_out_of_orderness_ms=settings.event_time.ms("max_out_of_orderness"),
         idle_timeout_ms=settings.event_time.ms("idle_timeout"),
         history_cap=settings.cold_start.min_relevant_history,
@@ -81,7 +84,7 @@ class Tasks:
         self.store = store
         self.settings = settings
         self.partitions = partitions
-        self.config = engine_config(settings, partitions)
+        self.config = engine_config(settings, partitions, store.layout)
         self.interval_ms = settings.redis.ms("checkpoint_interval")
         self.clock_ms = clock_ms
         self.stats = PipelineStats()

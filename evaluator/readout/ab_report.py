@@ -19,20 +19,25 @@ from evaluator.config import Settings
 from evaluator.core.ab.readout import ExperimentReadout, ReadoutRules, read_experiment
 from evaluator.core.ab.stats import SequentialTracker
 from evaluator.core.batch import ScoredRequests
-from evaluator.core.windows import user_buckets
+from evaluator.core.metrics.registry import METRICS
+from evaluator.core.rows import column_map
+from evaluator.core.windows import AggregateLayout, contribution_rows, user_buckets
 
 
-def rules_of(settings: Settings) -> ReadoutRules:
-    ab, layout = settings.ab, settings.layout()
-    columns = {mk: 2 + i for i, mk in enumerate(layout.columns())}
+def rules_of(settings: Settings, layout: AggregateLayout | None = None) -> ReadoutRules:
+    """How experiments are read, over ``layout``'s columns (default: a fresh layout)."""
+    ab, layout = settings.ab, layout or settings.layout()
+    policy = settings.metrics.zero_relevance
+    columns = column_map(layout.schema, layout.ks, METRICS)
     return ReadoutRules(
         layout.ks,
         columns,
-        settings.metrics.zero_relevance,
+        policy,
         ab.alpha,
         ab.tuning,
         ab.min_users,
         ab.min_effective_buckets,
+        {mk: layout.schema.denominator(*mk, policy) for mk in columns},
     )
 
 
@@ -55,13 +60,8 @@ def experiment_readouts(scored: ScoredRequests, settings: Settings) -> list[Expe
     times = np.asarray(scored.requests.timestamp_ms, dtype=np.int64)
     layout = settings.layout()
     n = len(events)
-    rows = np.hstack(
-        [
-            np.ones((n, 1)),
-            scored.scores.engaged.astype(np.float64)[:, None],
-            scored.scores.matrix(),
-        ]
-    )
+    nan = np.full((n, len(layout.ks)), np.nan)
+    rows = contribution_rows(scored.scores, nan, nan[:, 0], layout.schema)
     bucket = user_buckets(users, layout) if n else np.zeros(0, dtype=np.int64)
     out = []
     for experiment in settings.ab.experiment_list():

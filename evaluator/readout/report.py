@@ -11,17 +11,18 @@ from typing import Any
 import numpy as np
 
 from evaluator.config import Settings
-from evaluator.core.aggregate import FloatArray, row_mean
+from evaluator.core.aggregate import FloatArray
 from evaluator.core.batch import ScoredRequests, VariantCodes, rows_by_variant_cohort
 from evaluator.core.events import Damage, Impression
 from evaluator.core.metrics.composite import composite_score
+from evaluator.core.metrics.registry import METRICS, REGISTRY
 from evaluator.core.metrics.setlevel import (
     coverage,
     distinct_by_cutoff,
     encode_top,
     intra_list_diversity,
 )
-from evaluator.core.scoring import METRICS, RequestScores
+from evaluator.core.rows import RowSchema, fresh_columns
 from evaluator.readout.ab_report import ab_lines
 
 COHORT_NAMES = {1: "cold_start", 2: "established"}
@@ -43,10 +44,11 @@ def _finite(value: float) -> float | None:
     return None if math.isnan(value) else float(value)
 
 
-def _metric_block(row: FloatArray, ks: tuple[int, ...], policy: str) -> dict[str, Any]:
+def _metric_block(
+    row: FloatArray, schema: RowSchema, ks: tuple[int, ...], policy: str
+) -> dict[str, Any]:
     """Counts and means of one group's summed statistics row (read as the exporter reads
     a window's)."""
-    columns = RequestScores.columns(ks)
     requests, engaged = int(row[0]), int(row[1])
     block: dict[str, Any] = {
         "requests": requests,
@@ -54,9 +56,7 @@ def _metric_block(row: FloatArray, ks: tuple[int, ...], policy: str) -> dict[str
         "unengaged": requests - engaged,
     }
     for metric in METRICS:
-        block[metric] = {
-            str(k): _finite(row_mean(row, 2 + columns.index((metric, k)), policy)) for k in ks
-        }
+        block[metric] = {str(k): _finite(schema.mean(row, metric, k, policy)) for k in ks}
     return block
 
 
@@ -116,6 +116,7 @@ def build_report(
     ``setlevel`` is :func:`set_level`'s result when the caller computed it already."""
     ks = tuple(settings.metrics.k)
     policy = settings.metrics.zero_relevance
+    schema = RowSchema(fresh_columns(ks, METRICS))  # the rows replay sums
     overall, by_cohort = rows_by_variant_cohort(scored)
     if setlevel is None:
         setlevel = set_level(
@@ -123,11 +124,11 @@ def build_report(
         )
     variants: dict[str, Any] = {}
     for code, name in enumerate(scored.variant_names):
-        block = _metric_block(overall[code], ks, policy)
+        block = _metric_block(overall[code], schema, ks, policy)
         block.update(setlevel[name])
         block["composite"] = _composite(block, settings.metrics.composite)
         block["cohorts"] = {
-            label: _metric_block(by_cohort[code * 3 + cohort], ks, policy)
+            label: _metric_block(by_cohort[code * 3 + cohort], schema, ks, policy)
             for cohort, label in COHORT_NAMES.items()
         }
         variants[name] = block
@@ -174,8 +175,9 @@ def render_table(report: dict[str, Any]) -> str:
     """A readable summary: one row per variant and cohort, then the event counters."""
     ks = report["settings"]["k"]
     header = ["variant", "cohort", "requests", "engaged"]
+    shown = [m for m in REGISTRY if m.table]
     for k in ks:
-        header += [f"nDCG@{k}", f"adj@{k}", f"MRR@{k}", f"Hit@{k}"]
+        header += [f"{m.label}@{k}" for m in shown]
     header += ["cov@" + str(ks[0]), "div@" + str(ks[0]), "composite"]
     rows: list[list[str]] = [header]
     for name, block in report["variants"].items():
@@ -183,7 +185,7 @@ def render_table(report: dict[str, Any]) -> str:
             row = [name, cohort, _fmt(sub["requests"]), _fmt(sub["engaged"])]
             for k in ks:
                 key = str(k)
-                row += [_fmt(sub[m][key]) for m in ("ndcg", "ndcg_adjusted", "mrr", "hit_rate")]
+                row += [_fmt(sub[m.name][key]) for m in shown]
             if cohort == "all":
                 first = str(ks[0])
                 row += [_fmt(block["coverage"][first]), _fmt(block["diversity"][first])]

@@ -24,20 +24,21 @@ from prometheus_client.registry import Collector
 
 from evaluator.adapters.prometheus.families import Families, new_families
 from evaluator.config import Settings
-from evaluator.core.ab.readout import ExperimentReadout, ReadoutRules, read_experiment
+from evaluator.core.ab.readout import ExperimentReadout, read_experiment
 from evaluator.core.ab.stats import SequentialTracker
-from evaluator.core.aggregate import row_mean
 from evaluator.core.metrics.composite import composite_score
+from evaluator.core.metrics.registry import REGISTRY
 from evaluator.core.propensity.estimation import estimate_all
 from evaluator.core.timeutil import format_duration_ms, parse_duration_ms
 from evaluator.engine.ports import FloatArray, StateStore
+from evaluator.readout.ab_report import rules_of
 from evaluator.readout.windows import OTHER, cap_variants, window_totals
 
 log = logging.getLogger(__name__)
 
 COHORTS = {"all": None, "cold_start": 0, "established": 1}
-RATE_METRICS = {"mrr": "mrr", "hit_rate": "hit_rate"}
-"""Per-request rates exported besides nDCG; precision and recall stay in replay reports."""
+EXPORTED = [(m, m.family) for m in REGISTRY if m.family is not None]
+"""The registered metrics exported as gauges, with their family."""
 
 
 class WindowCollector(Collector):
@@ -65,20 +66,8 @@ class WindowCollector(Collector):
             else format_duration_ms(size)
             for size in settings.windows.sizes
         }
-        columns = self.layout.columns()
-        self.col = {mk: 2 + i for i, mk in enumerate(columns)}
-        self.n_values = len(columns)
-        ab = settings.ab
-        self.experiments = ab.experiment_list()
-        self.rules = ReadoutRules(
-            self.layout.ks,
-            self.col,
-            settings.metrics.zero_relevance,
-            ab.alpha,
-            ab.tuning,
-            ab.min_users,
-            ab.min_effective_buckets,
-        )
+        self.rules = rules_of(settings, self.layout)
+        self.experiments = settings.ab.experiment_list()
         self._status: dict[tuple[str, str], str] = {}
         self._source: Callable[[], Families] | None = None
 
@@ -223,7 +212,7 @@ class WindowCollector(Collector):
         return float(block[..., total].sum()) / n if n else math.nan
 
     def _mean(self, block: FloatArray, metric: str, k: int) -> float:
-        return row_mean(block, self.col[(metric, k)], self.settings.metrics.zero_relevance)
+        return self.layout.schema.mean(block, metric, k, self.settings.metrics.zero_relevance)
 
     def _variant(
         self,
@@ -241,16 +230,9 @@ class WindowCollector(Collector):
             fam.add("recsys_eval_engaged_requests", base, float(part[..., 1].sum()))
             for k in self.layout.ks:
                 kl = {**base, "k": str(k)}
-                fam.add(
-                    "recsys_eval_ndcg", {**kl, "adjusted": "false"}, self._mean(part, "ndcg", k)
-                )
-                fam.add(
-                    "recsys_eval_ndcg",
-                    {**kl, "adjusted": "true"},
-                    self._mean(part, "ndcg_adjusted", k),
-                )
-                for name, metric in RATE_METRICS.items():
-                    fam.add(f"recsys_eval_{name}", kl, self._mean(part, metric, k))
+                for spec, family in EXPORTED:
+                    labels = {**kl, **dict(spec.labels)}
+                    fam.add(family, labels, self._mean(part, spec.name, k))
         has_rbo, rbo_sum = self.layout.rbo_columns()
         with_shadow = float(block[..., has_rbo].sum())
         if with_shadow:
@@ -278,7 +260,7 @@ class WindowCollector(Collector):
                 terms[name] = coverage.get((variant, int(cut)), math.nan)
             elif metric == "diversity" and cut and int(cut) in self.layout.ks:
                 terms[name] = self._diversity(block, int(cut))
-            elif cut and (metric, int(cut)) in self.col:
+            elif cut and (metric, int(cut)) in self.rules.columns:
                 terms[name] = self._mean(block, metric, int(cut))
             # else: a term the live export does not have, so the score is NaN
         fam.add(

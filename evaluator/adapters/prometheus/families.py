@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from prometheus_client.core import GaugeMetricFamily
 
+from evaluator.core.metrics.registry import REGISTRY
+
 
 @dataclass(slots=True)
 class Families:
@@ -35,10 +37,6 @@ class Families:
 
 def new_families() -> Families:
     spec = {
-        "recsys_eval_ndcg": (
-            "Mean nDCG@K over requests finalised in the window.",
-            ["variant", "k", "window", "adjusted", "cohort"],
-        ),
         "recsys_eval_requests": (
             "Requests finalised in the window.",
             ["variant", "window", "cohort"],
@@ -47,8 +45,6 @@ def new_families() -> Families:
             "Finalised requests with a relevant item.",
             ["variant", "window", "cohort"],
         ),
-        "recsys_eval_mrr": ("Mean MRR@K in the window.", ["variant", "k", "window", "cohort"]),
-        "recsys_eval_hit_rate": ("HitRate@K in the window.", ["variant", "k", "window", "cohort"]),
         "recsys_eval_coverage": (
             "Share of the catalog in the top K of the variant's lists in the window.",
             ["variant", "k", "window"],
@@ -136,6 +132,10 @@ def new_families() -> Families:
         "is always valid; fixed only for a single look).",
         [*ab, "method"],
     )
+    for metric in REGISTRY:  # the ranking metrics' window means
+        if metric.family is not None:
+            labels = ["variant", "k", "window", *(name for name, _ in metric.labels), "cohort"]
+            spec.setdefault(metric.family, (metric.help, labels))
     return Families(
         {n: d for n, (d, _) in spec.items()},
         {n: lab for n, (_, lab) in spec.items()},

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from evaluator.core.windows import AggregateLayout
+from evaluator.core.windows import AggregateLayout, stored_block
 from evaluator.engine.ports import FloatArray
 
 NO_LOWER_BOUND = -(2**62)
@@ -75,11 +75,10 @@ class BlockCache:
 
     def put(self, window_ms: int, shard: int, names: list[str], raws: list[bytes | None]) -> None:
         """Fetched block values (little-endian doubles); None: the block has expired."""
-        shape = self.layout.block_shape
         cache = self._cache.setdefault((window_ms, shard), {})
         for name, raw in zip(names, raws, strict=True):
             if raw is not None:
-                cache[name] = np.frombuffer(raw, dtype="<f8").reshape(shape)
+                cache[name] = stored_block(raw, self.layout)
                 self._place(window_ms, shard, name, cache[name])
 
     def _place(self, window_ms: int, shard: int, name: str, block: FloatArray | None) -> None:

@@ -43,7 +43,13 @@ from evaluator.core.propensity.estimation import (
     DAY_MS,
     first_kept_day,
 )
-from evaluator.core.windows import AggregateLayout, expand_shards
+from evaluator.core.windows import (
+    AggregateLayout,
+    LayoutRefusedError,
+    expand_shards,
+    resume,
+    stored_block,
+)
 from evaluator.engine.checkpoint import Checkpoint, Delta, Marks, Outcome
 from evaluator.engine.commit_payload import (
     block_increments,
@@ -54,6 +60,11 @@ from evaluator.engine.commit_payload import (
 from evaluator.engine.ports import FloatArray
 
 SCRIPTS = ("checkpoint",)
+_SWAP = (
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2]) "
+    "return 1 end return 0"
+)
+"""Compare-and-set of one key (the stored layout, grown by a new version)."""
 STATE_SCAN = 10_000
 """Changelog fields read per HSCAN call when a new owner loads a partition."""
 
@@ -224,16 +235,33 @@ class RedisStore:
             self._check_layout()
 
     def _check_layout(self) -> None:
+        """Adopt the stored layout, grown by this version's new columns (written back
+        only if nobody changed it meanwhile), or refuse state it cannot read."""
         key = self._meta + "layout"
-        fingerprint = self.layout.fingerprint()
-        self.client.set(key, fingerprint, nx=True)
-        stored = text(self.client.get(key))
-        if stored and stored != fingerprint:
-            raise LayoutMismatchError(
-                f"Redis prefix {self.prefix!r} holds state with layout {stored}; "
-                "this configuration needs another redis.key_prefix"
-            )
+        while True:
+            stored = text(self.client.get(key))
+            try:
+                layout = resume(self.layout, stored)
+            except LayoutRefusedError as e:
+                raise LayoutMismatchError(
+                    f"Redis prefix {self.prefix!r} holds state written when {e}: restore "
+                    "that setting, or use another redis.key_prefix (a new prefix starts "
+                    "empty; docs/operations.md, Upgrades)"
+                ) from None
+            fingerprint = layout.fingerprint()
+            if stored == fingerprint or self._swap(key, stored, fingerprint):
+                break
+        if layout != self.layout or layout.column_names != self.layout.column_names:
+            self.layout = layout
+            self._blocks = BlockCache(layout)
+            self._sketches.layout = layout
         self._refuse_shared_state()
+
+    def _swap(self, key: str, expected: str, value: str) -> bool:
+        """Set ``key`` to ``value`` if it still holds ``expected`` ("" = absent)."""
+        if not expected:
+            return bool(self.client.set(key, value, nx=True))
+        return bool(self.client.eval(_SWAP, 1, key, expected, value))
 
     def _refuse_shared_state(self) -> None:
         """Open requests of the shared-state layout (before partition-owned engines: a
@@ -340,6 +368,7 @@ class RedisStore:
                 receipt,
                 names,
                 values,
+                2 * self.layout.local_buckets,
             ],
         )
         reply = int(self._execute(pipe)[0])
@@ -381,7 +410,7 @@ class RedisStore:
             for key in mine:
                 found = next(raw)
                 if found:
-                    block = np.frombuffer(found, dtype="<f8").reshape(self.layout.block_shape)
+                    block = stored_block(found, self.layout)
                     grouped.setdefault(key[cut:], {})[shard] = block
         return {v: expand_shards(parts, self.layout) for v, parts in grouped.items()}
 

@@ -198,6 +198,24 @@ function drawPropensity(snap) {
   }
 }
 
+function drawMetrics(snap, metrics, variants) {
+  // every exported ranking metric of the registry: the columns come from the server;
+  // built as DOM nodes, since variant names come from the events
+  const table = document.getElementById("metrics-table");
+  const shown = metrics.filter((m) => variants.some((v) => (snap.metrics[v] || {})[m.name] !== undefined));
+  const row = (cells, tag, variant) => {
+    const tr = document.createElement("tr");
+    if (variant !== undefined) tr.dataset.variant = variant;
+    for (const c of cells) { const td = document.createElement(tag); td.textContent = c; tr.appendChild(td); }
+    return tr;
+  };
+  table.replaceChildren(row(["variant", ...shown.map((m) => m.label)], "th"));
+  for (const v of variants) {
+    const values = shown.map((m) => { const x = (snap.metrics[v] || {})[m.name]; return x === undefined ? "…" : x.toFixed(4); });
+    table.appendChild(row([v, ...values], "td", v));
+  }
+}
+
 function drawHealth(snap) {
   const items = Object.entries(snap.health).map(([k, v]) => `<div>${k.replaceAll("_", " ")}: <b>${Number.isInteger(v) ? v : v.toFixed(2)}</b></div>`);
   document.getElementById("health").innerHTML = items.join("");
@@ -218,6 +236,7 @@ async function refresh() {
     const last = snaps[snaps.length - 1];
     const variants = Object.keys(last.ndcg).sort();
     drawNdcg(snaps, variants);
+    drawMetrics(last, data.metrics || [], variants);
     drawAb(snaps);
     drawUsers(snaps);
     eventTimeNote(data.snapshots);

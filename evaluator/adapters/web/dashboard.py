@@ -1,7 +1,8 @@
 """The built-in live dashboard: a page served next to ``/metrics``, fed by the same series.
 
 Each refresh of the readout behind ``/metrics`` becomes a compact snapshot (nDCG
-per variant raw and adjusted, A/B differences since each experiment's start
+per variant raw and adjusted, every exported ranking metric of the registry for the
+table, A/B differences since each experiment's start
 with their always-valid bands, the sequential p-value, users per arm and the
 sample-ratio test, requests per variant, the propensity curves, pipeline health), and the page
 polls ``/api/dashboard`` for the recent snapshots. The page and its script ship
@@ -22,6 +23,10 @@ from typing import Any
 from prometheus_client.core import Metric
 
 from evaluator.adapters.prometheus.families import Families
+from evaluator.core.metrics.registry import REGISTRY
+
+_TABLE = {(m.family, m.labels): m.name for m in REGISTRY if m.family is not None}
+"""(family, constant labels) -> metric, for the per-variant table."""
 
 ASSETS = {
     "/": ("index.html", "text/html; charset=utf-8"),
@@ -71,6 +76,7 @@ class DashboardHistory:
         snap: dict[str, Any] = {
             "t": round(now_s, 3),
             "ndcg": {},
+            "metrics": {},
             "requests": {},
             "ab": {},
             "propensity": {},
@@ -86,7 +92,11 @@ class DashboardHistory:
 
     def _take(self, snap: dict[str, Any], name: str, labels: dict[str, str], value: float) -> None:
         in_view = labels.get("window") == self.window and labels.get("k", self.k) == self.k
-        if name == "recsys_eval_ndcg" and in_view and labels.get("cohort") == "all":
+        shown = in_view and labels.get("cohort") == "all"
+        metric = _TABLE.get((name, tuple((k, v) for k, v in labels.items() if k not in _VIEW)))
+        if metric is not None and shown:
+            snap["metrics"].setdefault(labels["variant"], {})[metric] = value
+        if name == "recsys_eval_ndcg" and shown:
             kind = "adjusted" if labels["adjusted"] == "true" else "raw"
             snap["ndcg"].setdefault(labels["variant"], {})[kind] = value
         elif name == "recsys_eval_requests" and in_view and labels.get("cohort") == "all":
@@ -130,11 +140,19 @@ class DashboardHistory:
     def json(self) -> bytes:
         with self._lock:
             snapshots = list(self._snapshots)
-        body: dict[str, Any] = {"window": self.window, "k": self.k, "snapshots": snapshots}
+        body: dict[str, Any] = {
+            "window": self.window,
+            "k": self.k,
+            "metrics": [{"name": m.name, "label": m.label} for m in REGISTRY if m.family],
+            "snapshots": snapshots,
+        }
         if self.truth is not None:
             body["truth"] = self.truth()
         return json.dumps(body).encode()
 
+
+_VIEW = {"variant", "k", "window", "cohort"}
+"""Labels every ranking-metric series has; the rest tell metrics of a family apart."""
 
 _HEALTH = {
     "recsys_eval_events_consumed_total": "consumed",

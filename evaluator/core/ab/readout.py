@@ -63,6 +63,9 @@ class ReadoutRules:
     tuning: float = 5000.0
     min_users: int = 1000
     min_effective_buckets: float = 16.0
+    denominators: Mapping[tuple[str, int], int] | None = None
+    """(metric, k) -> row column its mean divides by, when not the layout's first
+    requests (a metric added to stored state later: :mod:`evaluator.core.rows`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,11 +154,12 @@ def read_experiment(
     for k in rules.ks:
         for adjusted, metric in ADJUSTED.items():
             col = rules.columns[(metric, k)]
-            c_est = _estimate(per[control], col, denom)
+            over = (rules.denominators or {}).get((metric, k), denom)
+            c_est = _estimate(per[control], col, over)
             for variant in others:
                 if variant in per:
                     reason = _withheld(users, variant, control, rules, buckets)
-                    v_est = _estimate(per[variant], col, denom)
+                    v_est = _estimate(per[variant], col, over)
                     key = (experiment.name, variant, control, str(k), adjusted)
                     out.comparisons.append(_compare(key, (c_est, v_est), rules, tracker, reason))
     return out

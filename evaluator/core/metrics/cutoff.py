@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from evaluator.core.metrics.spec import MetricSpec, Ranked
+
 FloatArray = npt.NDArray[np.float64]
 
 
@@ -54,3 +56,35 @@ def cutoff_scores(grades: FloatArray, ks: Sequence[int]) -> CutoffScores:
         precision=hits / karr[None, :].astype(np.float64),
         recall=recall,
     )
+
+
+def _cut(ranked: Ranked) -> CutoffScores:
+    return ranked.shared("cutoffs", lambda: cutoff_scores(ranked.grades, ranked.ks))
+
+
+MRR = MetricSpec(
+    "mrr", lambda r: _cut(r).mrr, "MRR", "recsys_eval_mrr", "Mean MRR@K in the window."
+)
+HIT_RATE = MetricSpec(
+    "hit_rate",
+    lambda r: _cut(r).hit_rate,
+    "Hit",
+    "recsys_eval_hit_rate",
+    "HitRate@K in the window.",
+)
+PRECISION = MetricSpec(
+    "precision",
+    lambda r: _cut(r).precision,
+    "P",
+    "recsys_eval_precision",
+    "Mean Precision@K (relevant items in the top K over K) in the window.",
+    table=False,
+)
+RECALL = MetricSpec(
+    "recall",
+    lambda r: _cut(r).recall,
+    "R",
+    "recsys_eval_recall",
+    "Mean Recall@K (relevant items in the top K over those in the whole list) in the window.",
+    table=False,
+)

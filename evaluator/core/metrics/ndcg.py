@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
-GainKind = Literal["exponential", "linear"]
+from evaluator.core.metrics.spec import GainKind, MetricSpec, Ranked
+
 FloatArray = npt.NDArray[np.float64]
 
 
@@ -104,3 +104,30 @@ def ndcg(
     np.divide(actual, ideal, out=out, where=ideal > 0)
     # Guard the last ulp: DCG can exceed IDCG by rounding when they are equal.
     return np.minimum(out, 1.0, out=out)
+
+
+def _ndcg_of(ranked: Ranked, weighted: bool) -> FloatArray:
+    if weighted and ranked.weights is not None:
+        return ndcg(ranked.grades, ranked.ks, ranked.gain, ranked.weights)
+    return ranked.shared("ndcg", lambda: ndcg(ranked.grades, ranked.ks, ranked.gain))
+
+
+_HELP = "Mean nDCG@K over requests finalised in the window."
+NDCG = MetricSpec(
+    "ndcg",
+    lambda r: _ndcg_of(r, False),
+    "nDCG",
+    "recsys_eval_ndcg",
+    _HELP,
+    (("adjusted", "false"),),
+)
+NDCG_ADJUSTED = MetricSpec(
+    "ndcg_adjusted",
+    lambda r: _ndcg_of(r, True),
+    "adj",
+    "recsys_eval_ndcg",
+    _HELP,
+    (("adjusted", "true"),),
+)
+"""nDCG with each position's gain weighted by its inverse propensity (equal to
+:data:`NDCG` without a position-bias model)."""

@@ -19,6 +19,8 @@
 -- ARGV[10] = the receipt (epoch:seq) that this checkpoint's coverage-sketch writes left in
 --           'sk', set after them; '' when it wrote none. Missing: Redis lost them
 --           (restarted from an older AOF between the two), so this must not be applied.
+-- ARGV[13] = rows per block (a stored block with fewer doubles per row was written
+--           before columns were added: widened, lib.lua)
 -- Returns 1 when written; otherwise writes nothing and returns 0 when a newer owner has
 -- claimed the partition, -1 when the stored copy is not the writer's last (lost writes).
 local p = ARGV[1]
@@ -46,12 +48,13 @@ chunked('HDEL', state, data[2])
 chunked('HSET', KEYS[1], data[3])
 local counters = data[4]
 for i = 1, #counters, 2 do redis.call('HINCRBY', p .. 'c', counters[i], counters[i + 1]) end
-if #data[5] > 0 then add_blocks(p, data[5], ARGV[5], tonumber(ARGV[4])) end
+local rows = tonumber(ARGV[13])
+if #data[5] > 0 then add_blocks(p, data[5], ARGV[5], tonumber(ARGV[4]), rows) end
 if #data[6] > 0 then add_propensity(p, data[6], tonumber(ARGV[6])) end
 for _, variant in ipairs(data[7]) do redis.call('SADD', p .. 'vars', variant) end
 local nblock = tonumber(ARGV[4])
 for i, key in ipairs(data[8]) do  -- cumulative since the experiment's start: no TTL
-  add_block(p .. 'x:' .. key, ARGV[9], (i - 1) * nblock * 8 + 1, nblock, nil)
+  add_block(p .. 'x:' .. key, ARGV[9], (i - 1) * nblock * 8 + 1, nblock, nil, rows)
   redis.call('SADD', p .. 'xv', key)
 end
 local exposed = data[9]

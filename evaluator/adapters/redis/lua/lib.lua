@@ -76,7 +76,21 @@ end
 -- little-endian doubles of each block in turn) to the blocks of prefix `p`, recording
 -- each in its window's index (bi:) and change log (mod:, by a per-prefix version)
 local BLOCK_CHUNK = 4000  -- doubles unpacked at once (Lua's unpack limit is ~8000)
-local function add_block(key, incs, at, nblock, ttl)
+-- a block of `rows` rows written before columns were added, with zeros appended to
+-- each row up to `nblock` doubles in all (the added columns' sums start at 0)
+local function widen(cur, rows, nblock)
+  local have, want = #cur / 8 / rows, nblock / rows
+  if have > want then
+    error('a stored block is wider than this version\'s rows: a newer version grew the layout')
+  end
+  local pad, parts = string.rep('\0', (want - have) * 8), {}
+  for r = 0, rows - 1 do
+    parts[#parts + 1] = string.sub(cur, r * have * 8 + 1, (r + 1) * have * 8)
+    parts[#parts + 1] = pad
+  end
+  return table.concat(parts)
+end
+local function add_block(key, incs, at, nblock, ttl, rows)
   local cur = redis.call('GET', key)
   local function set(value)  -- ttl nil: kept until deleted
     if ttl then redis.call('SET', key, value, 'EX', ttl) else redis.call('SET', key, value) end
@@ -85,6 +99,7 @@ local function add_block(key, incs, at, nblock, ttl)
     set(string.sub(incs, at, at + nblock * 8 - 1))
     return
   end
+  if #cur ~= nblock * 8 then cur = widen(cur, rows, nblock) end
   local parts = {}
   for off = 0, nblock - 1, BLOCK_CHUNK do
     local n = math.min(BLOCK_CHUNK, nblock - off)
@@ -95,11 +110,11 @@ local function add_block(key, incs, at, nblock, ttl)
   end
   set(table.concat(parts))
 end
-local function add_blocks(p, blocks, incs, nblock)
+local function add_blocks(p, blocks, incs, nblock, rows)
   local version = redis.call('INCR', p .. 'ver')
   local oldest = {}
   for i, b in ipairs(blocks) do
-    add_block(p .. 'b:' .. b[1], incs, (i - 1) * nblock * 8 + 1, nblock, b[3])
+    add_block(p .. 'b:' .. b[1], incs, (i - 1) * nblock * 8 + 1, nblock, b[3], rows)
     redis.call('ZADD', p .. 'bi:' .. b[4], b[2], b[1])
     redis.call('ZADD', p .. 'mod:' .. b[4], version, b[1])
     local cutoff = b[2] - 2 * b[4]
