@@ -1,8 +1,9 @@
-"""nDCG (linear gain), precision, recall and reciprocal rank against trec_eval itself."""
+"""nDCG (linear gain), precision, recall, reciprocal rank and MAP@K against trec_eval itself."""
 
 import numpy as np
 import pytest
 
+from evaluator.core.metrics.average_precision import average_precision
 from evaluator.core.metrics.cutoff import cutoff_scores
 from evaluator.core.metrics.ndcg import ndcg
 
@@ -49,3 +50,22 @@ def test_cutoff_metrics_match_trec_eval() -> None:
         np.testing.assert_allclose(got.recall[q], [r[f"recall_{k}"] for k in ks], atol=1e-9)
         # trec_eval's recip_rank has no cutoff: equal to MRR@K at a K past the list end
         assert got.mrr[q, 2] == pytest.approx(r["recip_rank"], abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_average_precision_matches_trec_eval_map_cut(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n, width = 300, 30
+    lengths = rng.integers(1, width + 1, size=n)
+    grades = rng.integers(0, 4, size=(n, width)) * (rng.random((n, width)) < 0.25)
+    grades = grades * (np.arange(width)[None, :] < lengths[:, None])
+    ks = [1, 5, 10, 20, 30]
+    got = average_precision(grades.astype(float), ks)
+    ref = trec_eval(grades, lengths, {"map_cut.1,5,10,20,30"})
+    engaged = grades.sum(axis=1) > 0
+    for q in np.flatnonzero(engaged):
+        want = [ref[f"q{q}"][f"map_cut_{k}"] for k in ks]
+        np.testing.assert_allclose(got[q], want, rtol=0, atol=1e-9)
+    assert not got[~engaged].any()  # no relevant item: 0 (the policy decides if it counts)
+    # past the matrix's width (a K longer than every list) equals the full list
+    np.testing.assert_array_equal(average_precision(grades.astype(float), [50])[:, 0], got[:, 4])

@@ -6,7 +6,7 @@ so a new metric is read beside state written before it existed.
 
 from __future__ import annotations
 
-from evaluator.core.metrics import cutoff, ndcg
+from evaluator.core.metrics import average_precision, cutoff, ndcg
 from evaluator.core.metrics.spec import MetricSpec
 
 REGISTRY: tuple[MetricSpec, ...] = (
@@ -16,6 +16,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
     cutoff.HIT_RATE,
     cutoff.PRECISION,
     cutoff.RECALL,
+    average_precision.MAP,
 )
 
 METRICS = tuple(m.name for m in REGISTRY)
