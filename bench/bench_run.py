@@ -1,12 +1,14 @@
-"""Sustained events/s of one `evaluator run` process beside raw kafka-python consumption.
+"""Sustained events/s of one `evaluator run` process beside raw consumption, for each
+Kafka client (kafka-python and confluent-kafka) side by side.
 
     make services && eval "$(python3 scripts/services.py env)"
-    .venv/bin/python bench/bench_run.py [--requests 60000] [--repeats 3]
+    .venv/bin/python bench/bench_run.py [--requests 60000] [--repeats 3] [--clients ...]
 
-Each repeat produces the same events to fresh topics (4 partitions each), then
-1. times a plain kafka-python consumer reading every message of both topics
+Each repeat produces the same events to fresh topics (4 partitions each), then, per
+client (``kafka.client``),
+1. times a plain consumer of that client reading every message of both topics
    (no decoding): the ceiling;
-2. starts `python -m evaluator run` and times it from its first committed offset
+2. starts `python -m evaluator run` with that client and times it from its first committed offset
    until every offset is committed (each after its partition's checkpoint, state
    durable in Redis), every partition's checkpointed watermark has reached its
    inputs' event time and the finalised count has settled (each checkpoint
@@ -76,8 +78,11 @@ def plain_consumer(bootstrap: str, name: str, group: str) -> KafkaConsumer:
     )
 
 
-def raw_rate(bootstrap: str, name: str, total: int) -> tuple[float, float]:
-    """Events/s and CPU µs per event of a plain consumer (this process)."""
+def raw_rate(bootstrap: str, name: str, total: int, client: str) -> tuple[float, float]:
+    """Events/s and CPU µs per event of a plain consumer of ``client`` (this process;
+    librdkafka's threads included, since process_time counts every thread)."""
+    if client == "confluent":
+        return _raw_confluent(bootstrap, name, total)
     consumer = plain_consumer(bootstrap, name, f"{name}-raw")
     seen, start, cpu = 0, None, 0.0
     while seen < total:
@@ -85,6 +90,30 @@ def raw_rate(bootstrap: str, name: str, total: int) -> tuple[float, float]:
         if records and start is None:
             start, cpu = time.perf_counter(), time.process_time()
         seen += sum(len(v) for v in records.values())
+    elapsed = time.perf_counter() - (start or time.perf_counter())
+    cpu = time.process_time() - cpu
+    consumer.close()
+    return total / elapsed, cpu / total * 1e6
+
+
+def _raw_confluent(bootstrap: str, name: str, total: int) -> tuple[float, float]:
+    from confluent_kafka import Consumer
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"{name}-raw-confluent",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([f"{name}-impressions", f"{name}-interactions"])
+    seen, start, cpu = 0, None, 0.0
+    while seen < total:
+        messages = consumer.consume(num_messages=5000, timeout=0.5)
+        if messages and start is None:
+            start, cpu = time.perf_counter(), time.process_time()
+        seen += sum(1 for m in messages if m.error() is None)
     elapsed = time.perf_counter() - (start or time.perf_counter())
     cpu = time.process_time() - cpu
     consumer.close()
@@ -163,16 +192,22 @@ def caught_up(client: redis.Redis, name: str) -> bool:
     return min(marks) >= min(bounds)
 
 
-def evaluator_rate(bootstrap: str, redis_url: str, name: str, total: int, log: Path) -> Measured:
+def evaluator_rate(
+    bootstrap: str, redis_url: str, name: str, total: int, log: Path, *, client: str
+) -> Measured:
+    """The evaluator with ``client`` on topics ``name``-*; its group and Redis prefix
+    are ``name``-``client``."""
+    topics, name = name, f"{name}-{client}"
     env = {
         "EVALUATOR_PROPENSITY__ESTIMATOR": ESTIMATOR,
         "EVALUATOR_JOIN__ATTRIBUTION_WINDOW": ATTRIBUTION_WINDOW,
         "EVALUATOR_HTTP__PORT": "0",  # not measured; and a leftover process cannot block it
         **os.environ,
         "EVALUATOR_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
-        "EVALUATOR_KAFKA__IMPRESSIONS_TOPIC": f"{name}-impressions",
-        "EVALUATOR_KAFKA__INTERACTIONS_TOPIC": f"{name}-interactions",
+        "EVALUATOR_KAFKA__IMPRESSIONS_TOPIC": f"{topics}-impressions",
+        "EVALUATOR_KAFKA__INTERACTIONS_TOPIC": f"{topics}-interactions",
         "EVALUATOR_KAFKA__GROUP_ID": f"{name}-eval",
+        "EVALUATOR_KAFKA__CLIENT": client,
         "EVALUATOR_REDIS__URL": redis_url,
         "EVALUATOR_REDIS__KEY_PREFIX": name,
     }
@@ -251,9 +286,9 @@ def memory_per_request(bootstrap: str, redis_url: str, requests: int, log: Path)
     imps, _ = events(requests, seed=1)
     before = client.info("memory")["used_memory"]
     produce(bootstrap, name, imps, [])
-    evaluator_rate(bootstrap, redis_url, name, len(imps), log)  # rate not used
+    evaluator_rate(bootstrap, redis_url, name, len(imps), log, client="kafka-python")  # rate unused
     after = client.info("memory")["used_memory"]
-    drop_prefix(redis_url, name)
+    drop_prefix(redis_url, f"{name}-kafka-python")
     return (after - before) / requests
 
 
@@ -281,6 +316,11 @@ def main() -> None:
         help="event time between impressions; 120 spreads 60,000 requests over 2 h so "
         "that most are finalised during the run (20: almost none are)",
     )
+    parser.add_argument(
+        "--clients",
+        default="kafka-python,confluent",
+        help="comma-separated kafka.client values to measure side by side",
+    )
     args = parser.parse_args()
     global ESTIMATOR, ATTRIBUTION_WINDOW  # noqa: PLW0603 - benchmark knobs
     ESTIMATOR = args.estimator
@@ -289,46 +329,48 @@ def main() -> None:
     redis_url = os.environ["REDIS_URL"]
     imps, ints = events(args.requests, spacing_ms=args.spacing_ms)
     total = len(imps) + len(ints)
-    raws: list[float] = []
-    raw_cpu: list[float] = []
-    evals: list[Measured] = []
+    clients = args.clients.split(",")
+    raws: dict[str, list[tuple[float, float]]] = {c: [] for c in clients}
+    evals: dict[str, list[Measured]] = {c: [] for c in clients}
     with tempfile.TemporaryDirectory() as scratch:
         tmp = str(args.log_dir or scratch)
         Path(tmp).mkdir(parents=True, exist_ok=True)
         for i in range(args.repeats):
             name = f"bench-{uuid.uuid4().hex[:6]}"
             produce(bootstrap, name, imps, ints)
-            rate, cpu = raw_rate(bootstrap, name, total)
-            raws.append(rate)
-            raw_cpu.append(cpu)
-            evals.append(evaluator_rate(bootstrap, redis_url, name, total, Path(tmp) / f"{i}.log"))
-            got = evals[-1]
-            print(
-                f"  run {i + 1}: raw {rate:,.0f} ev/s ({cpu:.1f} CPU µs/ev), "
-                f"evaluator {got.rate:,.0f} ev/s ({got.cpu_us:.1f} CPU µs/ev, "
-                f"Redis {got.redis_cpu_us:.1f}), ratio {got.rate / rate:.2f}, "
-                f"{finalised(redis_url, name):,} requests finalised"
-            )
-            drop_prefix(redis_url, name)
+            for client in clients:
+                rate, cpu = raw_rate(bootstrap, name, total, client)
+                raws[client].append((rate, cpu))
+                log = Path(tmp) / f"{i}-{client}.log"
+                got = evaluator_rate(bootstrap, redis_url, name, total, log, client=client)
+                evals[client].append(got)
+                print(
+                    f"  run {i + 1} {client}: raw {rate:,.0f} ev/s ({cpu:.1f} CPU µs/ev), "
+                    f"evaluator {got.rate:,.0f} ev/s ({got.cpu_us:.1f} CPU µs/ev, "
+                    f"Redis {got.redis_cpu_us:.1f}), ratio {got.rate / rate:.2f}, "
+                    f"{finalised(redis_url, f'{name}-{client}'):,} requests finalised"
+                )
+                drop_prefix(redis_url, f"{name}-{client}")
         mem = (
             0.0
             if args.skip_memory
             else memory_per_request(bootstrap, redis_url, 20_000, Path(tmp) / "mem.log")
         )
-    raw, ev = statistics.median(raws), statistics.median(m.rate for m in evals)
-    cpu_raw = statistics.median(raw_cpu)
-    cpu_ev = statistics.median(m.cpu_us for m in evals)
-    cpu_redis = statistics.median(m.redis_cpu_us for m in evals)
     print(f"machine: {machine()}")
     print(
         f"{total:,} events ({args.requests:,} impressions of 20 items), medians of {args.repeats}"
     )
-    print(f"  raw kafka-python consumption: {raw:10,.0f} events/s (the ceiling)")
-    print(f"  evaluator run              : {ev:10,.0f} events/s  -> {ev / raw:.2f} of the ceiling")
-    print(
-        f"  CPU per event (noise-robust): raw consumer {cpu_raw:.1f} µs, evaluator "
-        f"{cpu_ev:.1f} µs ({cpu_raw / cpu_ev:.2f} of the ceiling), Redis {cpu_redis:.1f} µs"
-    )
+    for client in clients:
+        raw = statistics.median(r for r, _ in raws[client])
+        cpu_raw = statistics.median(c for _, c in raws[client])
+        ev = statistics.median(m.rate for m in evals[client])
+        cpu_ev = statistics.median(m.cpu_us for m in evals[client])
+        cpu_redis = statistics.median(m.redis_cpu_us for m in evals[client])
+        print(
+            f"  {client:13}: raw {raw:10,.0f} ev/s, evaluator {ev:10,.0f} ev/s -> "
+            f"{ev / raw:.2f} of its ceiling; CPU µs/event raw {cpu_raw:.1f}, evaluator "
+            f"{cpu_ev:.1f} ({cpu_raw / cpu_ev:.2f}), Redis {cpu_redis:.1f}"
+        )
     print(
         f"  propensity.estimator       : {args.estimator}, spacing {args.spacing_ms} ms, "
         f"attribution window {args.attribution_window}"

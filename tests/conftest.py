@@ -112,3 +112,11 @@ def make_store(request: pytest.FixtureRequest, key_prefix: str) -> Iterator:
     yield build
     for store in created:
         store.close()
+
+
+@pytest.fixture(params=["kafka-python", "confluent"])
+def kafka_client(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a live test once per Kafka client (``kafka.client``): the evaluator processes
+    it starts inherit the setting from the environment."""
+    monkeypatch.setenv("EVALUATOR_KAFKA__CLIENT", request.param)
+    return str(request.param)

@@ -96,15 +96,28 @@ class LiveEnv:
         producer.flush()
         producer.close()
 
-    def start(self, log: Path, http_port: int | None = None) -> subprocess.Popen[bytes]:
+    def start(
+        self,
+        log: Path,
+        http_port: int | None = None,
+        *,
+        tree: Path | None = None,
+        overrides: dict[str, str] | None = None,
+    ) -> subprocess.Popen[bytes]:
+        """``evaluator run`` of this checkout, or of the package in ``tree`` (another
+        release: it gets no ``kafka.client``, which releases before it lack)."""
         env = {**os.environ, **self.environ, "EVALUATOR_HTTP__PORT": str(http_port or free_port())}
+        env.update(overrides or {})
+        if tree is not None:
+            env["PYTHONPATH"] = str(tree)
+            env.pop("EVALUATOR_KAFKA__CLIENT", None)
         handle = open(log, "ab")  # noqa: SIM115 - owned by the child process
         return subprocess.Popen(
             [sys.executable, "-m", "evaluator", "run"],
             env=env,
             stdout=handle,
             stderr=subprocess.STDOUT,
-            cwd=ROOT,
+            cwd=tree or ROOT,
         )
 
     def store(self) -> RedisStore:

@@ -371,6 +371,7 @@ def settled(
     [(3, 2 * 86_400_000), (1, 2 * 86_400_000), (3, 10 * 60_000)],
     ids=["3-partitions-2-days", "1-partition-2-days", "3-partitions-10-minutes"],
 )
+@pytest.mark.usefixtures("kafka_client")
 def test_live_readout_ignores_a_producer_with_a_wrong_clock(
     kafka_bootstrap, redis_url, tmp_path, partitions: int, ahead_ms: int
 ) -> None:

@@ -33,7 +33,8 @@ from tests.live import (
 from tests.test_live_kafka import dataset as live_dataset
 from tests.test_live_kafka import finish
 
-pytestmark = pytest.mark.services
+pytestmark = [pytest.mark.services, pytest.mark.usefixtures("kafka_client")]
+"""Each test runs once per Kafka client (tests/conftest.py)."""
 
 RATE = 2_000.0
 """Events per second produced while the instances consume."""

@@ -32,7 +32,9 @@ from tests.live import (
 )
 from tests.livecheck import SENTINEL_VARIANT, compare_with_replay
 
-pytestmark = pytest.mark.services
+pytestmark = [pytest.mark.services, pytest.mark.usefixtures("kafka_client")]
+"""Each test runs once per Kafka client (tests/conftest.py; the sources' own contract:
+tests/test_source_contract.py)."""
 
 HUGE = b"{" + b"x" * 1_200_000
 """Undecodable, and larger than a producer or broker takes by default: its dead
@@ -269,68 +271,6 @@ def test_demo_through_kafka_and_redis(kafka_bootstrap, redis_url, tmp_path) -> N
         assert proc.wait(timeout=60) == 0
 
 
-def test_missing_dead_letter_topics_are_created_at_start(kafka_bootstrap, redis_url) -> None:
-    """A broker that does not create topics on first use would make the first dead
-    letter wait, fail and stall its partition: the topics are created at start-up,
-    with the inputs' partition count."""
-    import msgspec
-    from kafka.admin import KafkaAdminClient
-
-    from evaluator.adapters.kafka import KafkaSource
-
-    env = new_env(kafka_bootstrap, redis_url)
-    kafka = msgspec.structs.replace(env.settings().kafka, dlq_suffix=".dead")
-    source = KafkaSource(kafka, 100)
-    try:
-        assert source.partition_count() == env.partitions
-    finally:
-        source.close()
-    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    topics = [f"{env.name}-impressions.dead", f"{env.name}-interactions.dead"]
-    described = {t["name"]: len(t["partitions"]) for t in admin.describe_topics(topics)}
-    admin.close()
-    assert described == dict.fromkeys(topics, env.partitions)
-
-
-def test_with_latest_a_reload_reads_again_what_no_checkpoint_covers(
-    kafka_bootstrap, redis_url
-) -> None:
-    """``auto_offset_reset = "latest"``: a partition whose first batch failed has no
-    stored offsets; its reload must go back to where this member started, not stay
-    past the batch (whose events would then be applied by nobody)."""
-    import time
-
-    import msgspec
-
-    from evaluator.adapters.kafka import KafkaSource
-
-    env = new_env(kafka_bootstrap, redis_url, partitions=1)
-    kafka = msgspec.structs.replace(
-        env.settings().kafka, auto_offset_reset="latest", partitioner="trust"
-    )
-    source = KafkaSource(kafka, 100, on_claim=lambda numbers: {n: {} for n in numbers})
-    try:
-        source.subscribe()
-        deadline = time.monotonic() + 30
-        while not source.assigned_numbers() and time.monotonic() < deadline:
-            source.poll()
-        assert source.assigned_numbers() == {0}
-        env.produce("impressions", [("u", b"one"), ("u", b"two")])
-
-        def read() -> list[bytes]:
-            got: list[bytes] = []
-            until = time.monotonic() + 30
-            while len(got) < 2 and time.monotonic() < until:
-                got += [p for b in source.poll() for p in b.payloads]
-            return got
-
-        assert read() == [b"one", b"two"]
-        source.seek({0: {}})  # the batch failed: reload with nothing checkpointed
-        assert read() == [b"one", b"two"]
-    finally:
-        source.close()
-
-
 def test_a_valid_event_larger_than_the_defaults_is_forwarded(
     kafka_bootstrap, redis_url, tmp_path
 ) -> None:
@@ -362,29 +302,6 @@ def test_a_valid_event_larger_than_the_defaults_is_forwarded(
     producer.close()
     proc = env.start(tmp_path / "run.log")
     finish(env, events, late, [proc], tmp_path)
-
-
-def test_a_repartition_topic_smaller_than_the_inputs_stops_start_up(
-    kafka_bootstrap, redis_url
-) -> None:
-    """An existing repartition topic that takes smaller messages than the input topics
-    would refuse a valid forward forever: start-up stops with one line naming it."""
-    from kafka.admin import KafkaAdminClient, NewTopic
-
-    from evaluator.adapters.kafka import KafkaSource
-    from evaluator.config import ConfigError
-
-    env = new_env(kafka_bootstrap, redis_url)
-    kafka = env.settings().kafka
-    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    admin.create_topics([NewTopic(kafka.repartition(), env.partitions, 1)])
-    admin.close()
-    source = KafkaSource(kafka, 100)
-    try:
-        with pytest.raises(ConfigError, match=r"^kafka\.repartition_topic .* max\.message\.bytes"):
-            source.partition_count()
-    finally:
-        source.close()
 
 
 def test_a_forward_refused_as_too_large_is_dead_lettered(

@@ -12,9 +12,7 @@ not compute, the replay mean over exactly the requests this version finalised
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import tarfile
 from io import BytesIO
 from pathlib import Path
@@ -30,10 +28,11 @@ from evaluator.core.rows import fresh_columns
 from evaluator.core.windows import contribution_rows
 from evaluator.engine.restore import restore_state
 from tests.eventgen import EventSet, generate
-from tests.live import ROOT, free_port, new_env, stop, stream, to_payloads, wait_until
+from tests.live import ROOT, new_env, stop, stream, to_payloads, wait_until
 from tests.test_clock_skew import forget
 
-pytestmark = pytest.mark.services
+pytestmark = [pytest.mark.services, pytest.mark.usefixtures("kafka_client")]
+"""This version runs once per Kafka client (the previous release: kafka-python)."""
 
 PREVIOUS_RELEASE = "e20c67add48f3db75914c934b4abb3726f3169e7"
 """The last commit before named columns (2026-12-04): its layout had no MAP@K."""
@@ -55,21 +54,6 @@ def previous_release(directory: Path) -> Path:
     with tarfile.open(fileobj=BytesIO(archive.stdout)) as tar:
         tar.extractall(directory, filter="data")
     return directory
-
-
-def start(env, log: Path, tree: Path | None, **overrides: str) -> subprocess.Popen[bytes]:
-    """``evaluator run`` from ``tree`` (None: this checkout)."""
-    environ = {**os.environ, **env.environ, **overrides, "EVALUATOR_HTTP__PORT": str(free_port())}
-    if tree is not None:
-        environ["PYTHONPATH"] = str(tree)
-    handle = open(log, "ab")  # noqa: SIM115 - owned by the child process
-    return subprocess.Popen(
-        [sys.executable, "-m", "evaluator", "run"],
-        env=environ,
-        stdout=handle,
-        stderr=subprocess.STDOUT,
-        cwd=tree or ROOT,
-    )
 
 
 def consumed(env, store) -> dict[str, int]:
@@ -141,7 +125,7 @@ def previous_then_this(env, first: EventSet, second: EventSet, tmp_path: Path) -
     try:
         sent = produce(env, first, seed=31)
         idle = {"EVALUATOR_EVENT_TIME__IDLE_TIMEOUT": "1h"}
-        procs.append(start(env, tmp_path / "old.log", old_tree, **idle))
+        procs.append(env.start(tmp_path / "old.log", tree=old_tree, overrides=idle))
         wait_until(  # the watermark passed some deadlines: blocks were written
             lambda: consumed(env, store) == sent and store.counters().get("finalised", 0) > 0,
             120,
@@ -158,7 +142,7 @@ def previous_then_this(env, first: EventSet, second: EventSet, tmp_path: Path) -
             state = restore_state(store.claim(p).fields, deadline, 10**6)
             open_ids |= {rid for user in state.users.values() for rid in user.open}
         assert open_ids, "the handover must leave open requests"
-        procs = [start(env, tmp_path / "new.log", None)]
+        procs = [env.start(tmp_path / "new.log")]
         produce(env, second, seed=32)
         want = len({e["request_id"] for e in [*first.impressions, *second.impressions]})
         wait_until(

@@ -246,5 +246,8 @@ class MemoryStore:
         with self._lock:
             return self._curves.setdefault(bucket_ms, proposal)
 
+    def ping(self) -> bool:
+        return True  # in this process: always there
+
     def close(self) -> None:
         return None

@@ -382,7 +382,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _wait_for_redis(settings: Settings, partitions: int, stop: Any) -> Any:
     """The Redis store, retried with backoff while unreachable (health served meanwhile);
     None when stopped first."""
-    from evaluator.app.run import Health, build_store, serve_health, wait_for
+    from evaluator.app.run import build_store, serve_health, wait_for
+    from evaluator.engine.loop import Health
 
     health = Health(None)
     early = serve_health(settings, health)

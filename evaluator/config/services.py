@@ -21,6 +21,9 @@ provider object, which no setting gives)."""
 
 class KafkaSettings(msgspec.Struct, forbid_unknown_fields=True):
     bootstrap_servers: str = "localhost:9092"
+    client: Literal["kafka-python", "confluent"] = "kafka-python"
+    """The consumer's client library: kafka-python (pure Python, the default) or
+    confluent-kafka (librdkafka: ``pip install 'recsys-evaluator[confluent]'``)."""
     group_id: str = "recsys-evaluator"
     client_id: str = "recsys-evaluator"
     impressions_topic: str = "impressions"

@@ -1,5 +1,5 @@
-"""The state-store port: a checkpoint store for partition owners, and the aggregate
-store every reader sums.
+"""The engine's ports: the state store (a checkpoint store for partition owners, and
+the aggregate store every reader sums) and the source (a consumer-group member).
 
 Two implementations honour it and pass the same contract tests
 (``tests/test_store_contract.py``): :mod:`evaluator.adapters.memory` (embedded,
@@ -20,7 +20,9 @@ import numpy as np
 import numpy.typing as npt
 
 from evaluator.core.windows import AggregateLayout
+from evaluator.engine.batches import PartitionBatch, Rejected
 from evaluator.engine.checkpoint import Checkpoint, Delta, Marks, Outcome
+from evaluator.engine.routing import Forwarded
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -110,6 +112,76 @@ class StateStore(Protocol):
     def propensity_curve(self, bucket_ms: int, proposal: tuple[float, ...]) -> tuple[float, ...]:
         """The propensity curve of a window bucket: the first proposal stored for it
         wins, so every instance scores that bucket with the same curve."""
+        ...
+
+    def ping(self) -> bool:
+        """Whether the store answers (readiness); raises when it cannot be reached."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Source(Protocol):
+    """A consumer-group member feeding the engine (kafka-python or confluent-kafka).
+
+    Batches come per (kind, partition number); offsets are committed only after the
+    state they lead to is durable, and a new owner resumes from the store's checkpoint
+    (given back through the ``on_claim`` callback each adapter takes). Both adapters
+    pass ``tests/test_source_contract.py`` and the live suite."""
+
+    session_timeout_s: float
+    """How long the group waits for a silent member (the loop rejoins after twice that)."""
+    dead_letters: bool
+    """Whether invalid events are copied to a dead-letter topic."""
+    awaiting_since: float | None
+    """When a rebalance started without an assignment yet (monotonic s); None: settled."""
+
+    def partition_count(self) -> int:
+        """The input topics' common partition count (creating missing internal topics);
+        a ConfigError when they differ."""
+        ...
+
+    def subscribe(self) -> None:
+        """(Re)join the group."""
+        ...
+
+    def poll(self) -> list[PartitionBatch]:
+        """One poll's messages, grouped by input partition."""
+        ...
+
+    def caught_up(self) -> dict[str, int]:
+        """Assigned inputs consumed to their end, with the wall clock (ms) of the broker's
+        answer that confirmed it."""
+        ...
+
+    def refresh_ends(self) -> None:
+        """Ask the broker for the assigned partitions' end offsets (raises on no answer)."""
+        ...
+
+    def lag(self) -> dict[str, int]:
+        """Messages behind the end per assigned input partition."""
+        ...
+
+    def assigned_numbers(self) -> set[int]: ...
+
+    def pause(self, numbers: Sequence[int]) -> None:
+        """Stop fetching partitions lost to a newer owner (until the next assignment)."""
+        ...
+
+    def seek(self, resume: dict[int, dict[str, int]]) -> None:
+        """Move partitions back to their checkpointed offsets (per kind)."""
+        ...
+
+    def commit_offsets(self, offsets: dict[int, dict[str, int]]) -> None:
+        """Commit checkpointed offsets to Kafka (monitoring; the store is authoritative)."""
+        ...
+
+    def forward(self, forwarded: Sequence[Forwarded]) -> list[Forwarded]:
+        """Send events to their user's partition, durably; returns those refused as too large."""
+        ...
+
+    def dead_letter(self, rejected: Sequence[Rejected]) -> None:
+        """Copy invalid messages to their dead-letter topic, durably."""
         ...
 
     def close(self) -> None: ...

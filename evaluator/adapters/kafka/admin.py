@@ -8,19 +8,13 @@ import logging
 import socket
 from typing import Any
 
+from kafka import KafkaConsumer
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from evaluator.config import ConfigError, KafkaSettings
 
 log = logging.getLogger(__name__)
-
-MESSAGE_BYTES = 1_048_576
-"""kafka-python's default ``max_request_size``, below the broker's default topic
-``max.message.bytes`` (1,048,588)."""
-
-FORWARD_HEADROOM = 65_536
-"""Bytes a forwarded event may grow by (its user id as key, the tag, record overhead)."""
 
 
 def security(settings: KafkaSettings) -> dict[str, Any]:
@@ -112,3 +106,21 @@ def message_bytes(settings: KafkaSettings, topics: list[str]) -> dict[str, int]:
         missing = ", ".join(t for t in topics if t not in found)
         log.warning("no max.message.bytes for %s: assuming the broker's default", missing)
     return found
+
+
+class KafkaPythonTopics:
+    """:class:`evaluator.adapters.topics.TopicAdmin` through kafka-python (the source's
+    consumer for metadata, an admin client for creations and configurations)."""
+
+    def __init__(self, settings: KafkaSettings, consumer: KafkaConsumer) -> None:
+        self.settings = settings
+        self.consumer = consumer
+
+    def partitions(self, topic: str) -> int:
+        return len(self.consumer.partitions_for_topic(topic) or ())
+
+    def create(self, topic: str, partitions: int, key: str, configs: dict[str, str]) -> None:
+        create_topic(self.settings, topic, partitions, key, configs)
+
+    def max_message_bytes(self, topics: list[str]) -> dict[str, int]:
+        return message_bytes(self.settings, topics)

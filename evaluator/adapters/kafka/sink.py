@@ -8,30 +8,12 @@ from typing import Any
 from kafka import KafkaProducer
 from kafka.errors import KafkaConfigurationError, KafkaError
 
-from evaluator.adapters.kafka.admin import MESSAGE_BYTES, security
+from evaluator.adapters.kafka.admin import security
+from evaluator.adapters.topics import MESSAGE_BYTES
 from evaluator.config import ConfigError, KafkaSettings
-from evaluator.engine.batches import Kind, Rejected
+from evaluator.engine.batches import Kind
 
 SEND_TIMEOUT_S = 30.0
-
-DEAD_LETTER_BYTES = 900_000
-"""Payload bytes a dead letter keeps: with its headers it stays under the producer's
-and the broker's default 1 MiB (an input topic may allow larger messages). A larger
-one would fail to send on every retry and stall its partition."""
-
-
-def dead_letter_record(bad: Rejected, topic: str) -> tuple[bytes, list[tuple[str, bytes]]]:
-    """The value and headers of ``bad``'s dead letter: the reason, the detail, where it
-    was read (``topic``: an input or the repartition topic, with partition and offset),
-    and (when its payload was cut to :data:`DEAD_LETTER_BYTES`) its size."""
-    headers = [
-        ("reason", bad.event.reason.value.encode()),
-        ("detail", bad.event.detail.encode()[:1000]),
-        ("source", f"{topic}/{bad.partition.split(':')[1]}@{bad.offset}".encode()),
-    ]
-    if len(bad.payload) > DEAD_LETTER_BYTES:
-        headers.append(("truncated_from", str(len(bad.payload)).encode()))
-    return bad.payload[:DEAD_LETTER_BYTES], headers
 
 
 def acknowledged(producer: KafkaProducer, sent: list[Any]) -> None:

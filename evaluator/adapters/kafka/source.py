@@ -21,19 +21,14 @@ from kafka.errors import (
 )
 from kafka.structs import OffsetAndMetadata
 
-from evaluator.adapters.kafka.admin import (
-    FORWARD_HEADROOM,
+from evaluator.adapters.kafka.admin import KafkaPythonTopics, resolvable, security
+from evaluator.adapters.kafka.sink import SEND_TIMEOUT_S, acknowledged, make_producer
+from evaluator.adapters.topics import (
     MESSAGE_BYTES,
-    create_topic,
-    message_bytes,
-    resolvable,
-    security,
-)
-from evaluator.adapters.kafka.sink import (
-    SEND_TIMEOUT_S,
-    acknowledged,
+    await_metadata,
     dead_letter_record,
-    make_producer,
+    input_kinds,
+    start_up_topics,
 )
 from evaluator.config import ConfigError, KafkaSettings
 from evaluator.core.timeutil import parse_duration_ms
@@ -86,15 +81,12 @@ class KafkaSource:
         resume each at; ``on_revoke``: partition numbers taken away."""
         self.settings = settings
         self.poll_timeout_ms = poll_timeout_ms
+        self.session_timeout_s = parse_duration_ms(settings.session_timeout) / 1000.0
+        self.dead_letters = bool(settings.dlq_suffix)
         self.on_assign = on_assign
         self.on_claim = on_claim
         self.on_revoke = on_revoke
-        self.kinds: dict[str, Kind] = {
-            settings.impressions_topic: "impressions",
-            settings.interactions_topic: "interactions",
-        }
-        if settings.partitioner != "trust":
-            self.kinds[settings.repartition()] = "repartition"
+        self.kinds: dict[str, Kind] = input_kinds(settings)
         resolvable(settings.bootstrap_servers)
         try:
             self.consumer = KafkaConsumer(
@@ -121,7 +113,8 @@ class KafkaSource:
         self._ends: dict[TopicPartition, int] = {}
         """End offsets found by the last :meth:`refresh_ends`, and when (wall clock ms)."""
         self._ends_at_ms = 0
-        self._await_metadata([settings.impressions_topic, settings.interactions_topic], 30.0)
+        self.topics = KafkaPythonTopics(settings, self.consumer)
+        await_metadata(self.topics, [settings.impressions_topic, settings.interactions_topic], 30.0)
         self._producer: KafkaProducer | None = None
         self._forward_bytes = MESSAGE_BYTES
         """The producer's largest request: what the repartition topic takes."""
@@ -131,84 +124,14 @@ class KafkaSource:
         self._unplaced: set[TopicPartition] = set()
         """Such inputs whose starting position is still to be found."""
 
-    def _await_metadata(self, topics: list[str], timeout_s: float) -> None:
-        """Wait until the broker knows the topics.
-
-        Joining the group before that gives an empty first assignment, and the
-        rejoin that follows has been seen to stall in kafka-python.
-        """
-        deadline = time.monotonic() + timeout_s
-        missing = list(topics)
-        while missing and time.monotonic() < deadline:
-            missing = [t for t in missing if not self.consumer.partitions_for_topic(t)]
-            if missing:
-                time.sleep(0.2)
-        if missing:
-            log.warning("no metadata yet for %s; subscribing anyway", ", ".join(missing))
-
     def partition_count(self) -> int:
         """The topics' common partition count; a ConfigError (one line at start-up)
-        when they differ, since a user's events would then live in two partition
-        numbers. Creates the internal topics that are missing (see
-        :meth:`_check_repartition`)."""
-        inputs = (self.settings.impressions_topic, self.settings.interactions_topic)
-        counts = {t: len(self.consumer.partitions_for_topic(t) or ()) for t in inputs}
-        if len(set(counts.values())) != 1 or 0 in counts.values():
-            listed = ", ".join(f"{t} has {n}" for t, n in counts.items())
-            raise ConfigError(
-                f"kafka.impressions_topic and kafka.interactions_topic must be co-partitioned "
-                f"(the same number of partitions, keyed by user id): {listed}"
-            )
-        n = next(iter(counts.values()))
-        if "repartition" in self.kinds.values():
-            self._check_repartition(n)
-        if self.settings.dlq_suffix:  # else the first dead letter would wait, then fail
-            for topic in inputs:
-                self._ensure_topic(
-                    topic + self.settings.dlq_suffix, n, 'kafka.dlq_suffix (or set it to "")'
-                )
-        return n
-
-    def _check_repartition(self, partitions: int) -> None:
-        """The repartition topic must have the inputs' partition count and take every
-        message they take, with room for the key and tag a forward adds: created so when
-        missing, else start-up stops naming it. (What it still refuses, e.g. a message
-        compressed by its producer and too large uncompressed, is dead-lettered by
-        :meth:`forward`'s caller: sent again it would fail forever.)"""
-        inputs = [self.settings.impressions_topic, self.settings.interactions_topic]
-        topic = self.settings.repartition()
-        largest = max(message_bytes(self.settings, inputs).values(), default=MESSAGE_BYTES)
-        needed = largest + FORWARD_HEADROOM
-        found = self._ensure_topic(
-            topic, partitions, "kafka.repartition_topic", {"max.message.bytes": str(needed)}
+        when they differ. Creates the internal topics that are missing
+        (:func:`evaluator.adapters.topics.start_up_topics`)."""
+        n, self._forward_bytes = start_up_topics(
+            self.settings, self.topics, "repartition" in self.kinds.values()
         )
-        if found != partitions:
-            raise ConfigError(
-                f"kafka.repartition_topic {topic!r} has {found} partitions; the input "
-                f"topics have {partitions}: delete it or name another"
-            )
-        taken = message_bytes(self.settings, [topic]).get(topic)
-        if taken is not None and taken < largest:
-            raise ConfigError(
-                f"kafka.repartition_topic {topic!r} takes messages up to {taken} bytes, the "
-                f"input topics up to {largest}: raise its max.message.bytes to {needed} "
-                f"(kafka-configs --alter --entity-type topics --entity-name {topic} "
-                f"--add-config max.message.bytes={needed})"
-            )
-        self._forward_bytes = max(MESSAGE_BYTES, needed)
-
-    def _ensure_topic(
-        self, topic: str, partitions: int, key: str, configs: dict[str, str] | None = None
-    ) -> int:
-        """Create ``topic`` with ``partitions`` (and the impressions topic's replication)
-        when missing; its partition count. A ConfigError naming ``key`` when it can be
-        neither found nor created (no permission, say)."""
-        found = self.consumer.partitions_for_topic(topic)
-        if found:
-            return len(found)
-        create_topic(self.settings, topic, partitions, key, configs or {})
-        self._await_metadata([topic], 30.0)
-        return len(self.consumer.partitions_for_topic(topic) or ()) or partitions
+        return n
 
     def forward(self, forwarded: Sequence[Forwarded]) -> list[Forwarded]:
         """Send events to their user's partition of the repartition topic, durably
