@@ -1,12 +1,13 @@
 """An upgrade over the previous release's state, end to end.
 
 The previous release (before named columns and MAP@K) runs as a process from
-its own source tree, taken from git, on the real broker and Redis: it
-checkpoints window blocks, A/B statistics and open requests. Then this version
-starts on the same prefix and topics and consumes the rest. Every stored column
-must equal replay of all the events, and MAP@K, which the previous release did
-not compute, the replay mean over exactly the requests this version finalised
-(those open at the handover and those that came after).
+its own source tree (its package, archived from git in tests/fixtures), on the
+real broker and Redis: it checkpoints window blocks, A/B statistics and open
+requests. Then this version starts on the same prefix and topics and consumes
+the rest. Every stored column must equal replay of all the events, and MAP@K,
+which the previous release did not compute, the replay mean over exactly the
+requests this version finalised (those open at the handover and those that
+came after).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import json
 import subprocess
 import tarfile
-from io import BytesIO
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +28,7 @@ from evaluator.core.rows import fresh_columns
 from evaluator.core.windows import contribution_rows
 from evaluator.engine.restore import restore_state
 from tests.eventgen import EventSet, generate
-from tests.live import ROOT, new_env, stop, stream, to_payloads, wait_until
+from tests.live import new_env, stop, stream, to_payloads, wait_until
 from tests.test_clock_skew import forget
 
 pytestmark = [pytest.mark.services, pytest.mark.usefixtures("kafka_client")]
@@ -36,22 +36,15 @@ pytestmark = [pytest.mark.services, pytest.mark.usefixtures("kafka_client")]
 
 PREVIOUS_RELEASE = "e20c67add48f3db75914c934b4abb3726f3169e7"
 """The last commit before named columns (2026-12-04): its layout had no MAP@K."""
+ARCHIVE = Path(__file__).parent / "fixtures" / f"release-{PREVIOUS_RELEASE[:7]}.tar.gz"
 PREVIOUS_METRICS = ("ndcg", "ndcg_adjusted", "mrr", "hit_rate", "precision", "recall")
 
 
 def previous_release(directory: Path) -> Path:
-    """The previous release's package, extracted from git into ``directory``."""
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", PREVIOUS_RELEASE, "evaluator"],
-        capture_output=True,
-        check=False,
-    )
-    if archive.returncode:
-        pytest.fail(
-            f"the previous release {PREVIOUS_RELEASE[:8]} is not in this clone's history "
-            f"(a shallow clone? fetch it): {archive.stderr.decode().strip()}"
-        )
-    with tarfile.open(fileobj=BytesIO(archive.stdout)) as tar:
+    """The previous release's package, extracted into ``directory`` from its archive
+    (made with ``git archive --format=tar.gz -9 -o tests/fixtures/release-e20c67a.tar.gz
+    e20c67a evaluator``: a shallow clone has no such commit)."""
+    with tarfile.open(ARCHIVE) as tar:
         tar.extractall(directory, filter="data")
     return directory
 
