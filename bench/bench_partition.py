@@ -11,7 +11,7 @@ the process's traced allocations per open request (tracemalloc, the engine's
 state only), and the median over repeats of claim + load + rebuild by a new
 owner (``Tasks.assign``), with the garbage collector tuned as ``evaluator run`` tunes it.
 Then the new owner finalises every request: the same two memory figures per
-finalised marker (what ``redis.finalised_ttl`` keeps; the process figure counts
+finalised marker (what ``engine.finalised_ttl`` keeps; the process figure counts
 what finalisation allocated, not the request id it keeps as the marker's key).
 """
 

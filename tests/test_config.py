@@ -368,3 +368,24 @@ def test_text_that_reads_as_a_number_that_is_not_finite_is_refused(text) -> None
     """Not TOML, so kept as text, then converted to a float by the settings' type."""
     with pytest.raises(ConfigError, match=r"ab\.tuning"):
         load_settings(environ={"EVALUATOR_AB__TUNING": text})
+
+
+def test_engine_settings_keep_their_old_redis_names() -> None:
+    """``[engine]`` is the engine settings' home; the ``[redis]`` names of earlier
+    versions are still read, in a file or the environment, and the two must agree."""
+    default = load_settings(environ={})
+    assert default.engine.ms("checkpoint_interval") == 1_000
+    assert default.engine.ttl_s("finalised_ttl") == 6 * 3600
+    old = load_settings(environ={"EVALUATOR_REDIS__FINALISED_TTL": "12h"})
+    new = load_settings(overrides={"engine": {"finalised_ttl": "12h"}}, environ={})
+    for settings in (old, new):
+        assert settings.engine.ttl_s("finalised_ttl") == 12 * 3600
+        assert settings.redis.ttl_s("finalised_ttl") == 12 * 3600
+    interval = {"EVALUATOR_REDIS__CHECKPOINT_INTERVAL": "250ms"}
+    assert load_settings(environ=interval).engine.ms("checkpoint_interval") == 250
+    same = {**interval, "EVALUATOR_ENGINE__CHECKPOINT_INTERVAL": "250"}
+    assert load_settings(environ=same).engine.ms("checkpoint_interval") == 250
+    with pytest.raises(ConfigError, match=r"engine\.checkpoint_interval .* redis\.checkpoint"):
+        load_settings(environ={**interval, "EVALUATOR_ENGINE__CHECKPOINT_INTERVAL": "2s"})
+    with pytest.raises(ConfigError, match=r"engine.*finalised_ttl must be at least 1m"):
+        load_settings(environ={"EVALUATOR_ENGINE__FINALISED_TTL": "10s"})

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import msgspec
 
 from evaluator.config.ab import ABSettings, ExperimentSettings
-from evaluator.config.services import HttpSettings, KafkaSettings, RedisSettings
+from evaluator.config.services import EngineSettings, HttpSettings, KafkaSettings, RedisSettings
 from evaluator.config.settings import (
     DEFAULT_COMPOSITE,
     ColdStartSettings,
@@ -257,6 +257,7 @@ __all__ = [
     "ABSettings",
     "ColdStartSettings",
     "ConfigError",
+    "EngineSettings",
     "EventTimeSettings",
     "EventsSettings",
     "ExperimentSettings",

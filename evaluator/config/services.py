@@ -73,6 +73,46 @@ class KafkaSettings(msgspec.Struct, forbid_unknown_fields=True):
             )
 
 
+ENGINE_DEFAULTS: dict[str, str | int] = {"checkpoint_interval": "1s", "finalised_ttl": "6h"}
+
+
+def check_engine_values(
+    checkpoint_interval: str | int | None, finalised_ttl: str | int | None
+) -> None:
+    """The engine settings' ranges (under ``[engine]``, or their old names under ``[redis]``)."""
+    if finalised_ttl is not None and setting_ms("finalised_ttl", finalised_ttl) < 60_000:
+        raise ValueError("finalised_ttl must be at least 1m")
+    interval = checkpoint_interval
+    if interval is not None and not 0 <= setting_ms("checkpoint_interval", interval) <= 60_000:
+        raise ValueError("checkpoint_interval must be in 0..1m")
+
+
+class EngineSettings(msgspec.Struct, forbid_unknown_fields=True):
+    """The partition engine's settings (before: under ``[redis]``, still read there)."""
+
+    checkpoint_interval: str | int | None = None
+    """How often an owned partition writes its checkpoint (state changes, offsets and
+    aggregate increments, atomically) while it works through a backlog; at the end of
+    its inputs it writes after every poll. Longer: less work per event, more to redo
+    after a crash, a readout that lags more. 0: after every poll. Default 1s."""
+    finalised_ttl: str | int | None = None
+    """How long (of data time) a finalised request's marker lives: within it, a
+    redelivered event is a duplicate and a late interaction is counted late. Markers
+    are kept by the partition's owner and in Redis, so this sets much of the memory at
+    high request rates (docs/operations.md); failover re-reads seconds of records, so
+    only re-consuming older offsets needs more. Default 6h."""
+
+    def ttl_s(self, name: str) -> int:
+        return -(-self.ms(name) // 1000)
+
+    def ms(self, name: str) -> int:
+        value = getattr(self, name)
+        return setting_ms(name, ENGINE_DEFAULTS[name] if value is None else value)
+
+    def __post_init__(self) -> None:
+        check_engine_values(self.checkpoint_interval, self.finalised_ttl)
+
+
 class RedisSettings(msgspec.Struct, forbid_unknown_fields=True):
     url: str = "redis://localhost:6379/0"
     """``redis://`` or ``rediss://`` (TLS); credentials may also be in the URL."""
@@ -89,30 +129,24 @@ class RedisSettings(msgspec.Struct, forbid_unknown_fields=True):
     state_ttl: str | int = "48h"
     """Lifetime of open-request state (records, pending interactions, user indexes),
     refreshed by writes; must outlast the time to finalisation."""
-    checkpoint_interval: str | int = "1s"
-    """How often an owned partition writes its checkpoint (state changes, offsets and
-    aggregate increments, atomically) while it works through a backlog; at the end of
-    its inputs it writes after every poll. Longer: less work per event, more to redo
-    after a crash, a readout that lags more. 0: after every poll."""
-    finalised_ttl: str | int = "6h"
-    """How long (of data time) a finalised request's marker lives: within it, a
-    redelivered event is a duplicate and a late interaction is counted late. Markers
-    are kept by the partition's owner and in Redis, so this sets much of the memory at
-    high request rates (docs/operations.md); failover re-reads seconds of records, so
-    only re-consuming older offsets needs more."""
+    checkpoint_interval: str | int | None = None
+    """The old name of ``engine.checkpoint_interval`` (still read; the two must agree)."""
+    finalised_ttl: str | int | None = None
+    """The old name of ``engine.finalised_ttl`` (still read; the two must agree)."""
 
     def ttl_s(self, name: str) -> int:
-        return -(-setting_ms(name, getattr(self, name)) // 1000)
+        return -(-self.ms(name) // 1000)
 
     def ms(self, name: str) -> int:
-        return setting_ms(name, getattr(self, name))
+        value = getattr(self, name)
+        if value is None:  # an old name of an engine setting, not given
+            value = ENGINE_DEFAULTS[name]
+        return setting_ms(name, value)
 
     def __post_init__(self) -> None:
-        for name in ("state_ttl", "finalised_ttl"):
-            if setting_ms(name, getattr(self, name)) < 60_000:
-                raise ValueError(f"{name} must be at least 1m")
-        if not 0 <= setting_ms("checkpoint_interval", self.checkpoint_interval) <= 60_000:
-            raise ValueError("checkpoint_interval must be in 0..1m")
+        if setting_ms("state_ttl", self.state_ttl) < 60_000:
+            raise ValueError("state_ttl must be at least 1m")
+        check_engine_values(self.checkpoint_interval, self.finalised_ttl)
         if not self.url.startswith(("redis://", "rediss://", "unix://")):
             shown = "***@" + self.url.rsplit("@", 1)[1] if "@" in self.url else self.url
             raise ValueError(f"url must start with redis://, rediss:// or unix://, got {shown!r}")

@@ -15,6 +15,8 @@ import msgspec
 
 from evaluator.config.ab import ABSettings
 from evaluator.config.services import (
+    ENGINE_DEFAULTS,
+    EngineSettings,
     HttpSettings,
     KafkaSettings,
     RedisSettings,
@@ -253,10 +255,12 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     windows: WindowSettings = msgspec.field(default_factory=WindowSettings)
     kafka: KafkaSettings = msgspec.field(default_factory=KafkaSettings)
     redis: RedisSettings = msgspec.field(default_factory=RedisSettings)
+    engine: EngineSettings = msgspec.field(default_factory=EngineSettings)
     ab: ABSettings = msgspec.field(default_factory=ABSettings)
     http: HttpSettings = msgspec.field(default_factory=HttpSettings)
 
     def __post_init__(self) -> None:
+        self._engine_aliases()
         lateness = self.event_time.ms("allowed_lateness")
         out_of_order = self.event_time.ms("max_out_of_orderness")
         pending_ms = deadline_ms(0, self.join.rules(), lateness) + out_of_order
@@ -277,6 +281,26 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
                 f"windows.user_buckets ({self.windows.user_buckets}) must be a multiple of "
                 f"redis.shards ({self.redis.shards})"
             )
+
+    def _engine_aliases(self) -> None:
+        """``[redis]`` still takes the engine settings' old names: each value is read
+        from either section (they must agree) and shown in both."""
+        for name in ("checkpoint_interval", "finalised_ttl"):
+            new, old = getattr(self.engine, name), getattr(self.redis, name)
+            if (
+                new is not None
+                and old is not None
+                and setting_ms(name, new) != setting_ms(name, old)
+            ):
+                raise ValueError(
+                    f"engine.{name} ({new}) and its old name redis.{name} ({old}) disagree: "
+                    f"keep engine.{name}"
+                )
+            value = new if new is not None else old
+            if value is None:
+                value = ENGINE_DEFAULTS[name]
+            setattr(self.engine, name, value)
+            setattr(self.redis, name, value)
 
     def layout(self, partitions: int | None = None) -> AggregateLayout:
         """The aggregate layout. ``partitions``: the partition-owned engine's, one shard

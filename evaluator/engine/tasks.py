@@ -55,7 +55,7 @@ def engine_config(
         history_cap=settings.cold_start.min_relevant_history,
         attribute=settings.metrics.diversity_attribute,
         shadow_of=settings.ab.control,
-        finalised_ttl_ms=settings.redis.ttl_s("finalised_ttl") * 1000,
+        finalised_ttl_ms=settings.engine.ttl_s("finalised_ttl") * 1000,
         experiments=settings.ab.experiment_list(),
         exposure_ttl_ms=parse_duration_ms(settings.ab.exposure_ttl),
         inputs=("impressions", "interactions")
@@ -85,7 +85,7 @@ class Tasks:
         self.settings = settings
         self.partitions = partitions
         self.config = engine_config(settings, partitions, store.layout)
-        self.interval_ms = settings.redis.ms("checkpoint_interval")
+        self.interval_ms = settings.engine.ms("checkpoint_interval")
         self.clock_ms = clock_ms
         self.stats = PipelineStats()
         self.owned: dict[int, Owned] = {}
@@ -296,7 +296,7 @@ class Tasks:
         return fresher(self.store.marks(), local)
 
     def _checkpoint_due(self, p: int, owned: Owned, caught_up: Mapping[str, int], now: int) -> bool:
-        """Whether to checkpoint after this poll: every ``redis.checkpoint_interval``
+        """Whether to checkpoint after this poll: every ``engine.checkpoint_interval``
         while the partition works through a backlog (requests opened and finalised in
         between never reach the store, and the aggregate increments of several polls go
         in one write), at once when it is at the end of its inputs (the readout
