@@ -30,6 +30,7 @@ from _common import machine
 
 from evaluator.adapters.redis.store import RedisStore, connect
 from evaluator.config import load_settings
+from evaluator.config.plain import tasks_config
 from evaluator.core.events import InteractionBatch, decode_impressions
 from evaluator.engine.runtime import tune_gc
 from evaluator.engine.tasks import Tasks
@@ -73,7 +74,7 @@ def main() -> None:
     raw = redis.Redis.from_url(url)
     payloads = impressions(args.requests)
     tracemalloc.start()
-    tasks = Tasks(store, settings, 1)
+    tasks = Tasks(store, tasks_config(settings, 1))
     tasks.assign([0])
     owned = tasks.owned[0]
     engine = owned.engine
@@ -89,7 +90,7 @@ def main() -> None:
     redis_bytes = int(raw.memory_usage(state, samples=0) or 0) / args.requests  # type: ignore[arg-type]
     loads = []
     for _ in range(args.repeats):
-        other = Tasks(store, settings, 1)
+        other = Tasks(store, tasks_config(settings, 1))
         started = time.perf_counter()
         other.assign([0])
         loads.append(time.perf_counter() - started)

@@ -16,6 +16,7 @@ from _common import machine, median_rate
 
 from evaluator.adapters.memory import MemoryStore
 from evaluator.config import load_settings
+from evaluator.config.plain import tasks_config
 from evaluator.core.propensity.estimation import estimate
 from evaluator.core.simulator import SimulationConfig, Simulator
 from evaluator.engine.batches import PartitionBatch
@@ -43,7 +44,7 @@ def run(polled: list[list[PartitionBatch]], overrides: dict[str, object]) -> Mem
     settings = load_settings(environ={}, overrides=overrides)
     store = MemoryStore(settings.layout(1))
     clock = iter(range(0, 10**12, 1000))
-    tasks = Tasks(store, settings, 1, clock_ms=lambda: next(clock))
+    tasks = Tasks(store, tasks_config(settings, 1), clock_ms=lambda: next(clock))
     tasks.assign([0])
     for polled_batch in polled:
         tasks.apply(polled_batch, {})

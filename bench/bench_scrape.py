@@ -28,6 +28,7 @@ from evaluator.adapters.prometheus.collector import WindowCollector
 from evaluator.adapters.redis.store import RedisStore, connect
 from evaluator.adapters.web.http import Refreshed, serve
 from evaluator.config import load_settings
+from evaluator.config.plain import readout_config
 from evaluator.core.finalise import Finalised, OpenRequest
 from evaluator.engine.checkpoint import Delta
 
@@ -127,7 +128,7 @@ def main() -> None:
     owner = Owner(store)
     frontier = fill(owner, args.requests, variants=10)
     registry = CollectorRegistry()  # process counters would be here too
-    collector = WindowCollector(store, settings, lambda: frontier)
+    collector = WindowCollector(store, readout_config(settings), lambda: frontier)
     registry.register(collector)
     cold, _ = timed(registry)
     rng = np.random.default_rng(1)

@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from evaluator.adapters.memory import MemoryStore
 from evaluator.adapters.prometheus.collector import WindowCollector
 from evaluator.config import load_settings
+from evaluator.config.plain import readout_config, tasks_config
 from evaluator.core.ab.stats import SRM_CONCENTRATION
 from evaluator.engine.batches import PartitionBatch
 from evaluator.engine.tasks import Tasks
@@ -122,10 +123,10 @@ def test_exported_ab_series_over_a_long_run() -> None:
     )
     store = MemoryStore(settings.layout(1))
     clock = FakeClock(T0)  # live traffic: the wall clock follows the data
-    tasks = Tasks(store, settings, 1, clock_ms=clock)
+    tasks = Tasks(store, tasks_config(settings, 1), clock_ms=clock)
     tasks.assign([0])
     registry = CollectorRegistry()
-    registry.register(WindowCollector(store, settings, store.frontier))
+    registry.register(WindowCollector(store, readout_config(settings), store.frontier))
     rng = random.Random(3)
     traffic = hourly_traffic(rng, hours=72, users=2_500)
     offsets = {"impressions": 0, "interactions": 0}

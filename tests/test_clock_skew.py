@@ -20,6 +20,7 @@ import redis
 
 from evaluator.adapters.memory import MemoryStore
 from evaluator.config import Settings, load_settings
+from evaluator.config.plain import tasks_config
 from evaluator.engine.batches import PartitionBatch, Rejected
 from evaluator.engine.tasks import Tasks
 from tests.eventgen import EventSet, generate
@@ -97,7 +98,7 @@ def run(
     with or without it)."""
     store = MemoryStore(settings.layout(partitions))
     clock = FakeClock()
-    tasks = Tasks(store, settings, partitions, clock_ms=clock)
+    tasks = Tasks(store, tasks_config(settings, partitions), clock_ms=clock)
     tasks.assign(range(partitions))
     rng = random.Random(5)
     stream = [("impressions", e) for e in events.impressions]

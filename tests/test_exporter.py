@@ -16,6 +16,7 @@ from evaluator.adapters.prometheus.pipeline import PipelineCollector
 from evaluator.adapters.web.http import serve
 from evaluator.app.replay import evaluate_files
 from evaluator.config import load_settings
+from evaluator.config.plain import readout_config, tasks_config
 from evaluator.core.ab.stats import SRM_CONCENTRATION
 from evaluator.engine.tasks import Tasks
 from evaluator.readout.windows import OTHER, cap_variants, window_totals
@@ -38,13 +39,13 @@ def live_run(events, settings=None, seed: int = 0):
     store; returns the settings, the pipeline and the window collector."""
     settings = settings or load_settings(environ={})
     store = MemoryStore(settings.layout(2))
-    tasks = Tasks(store, settings, 2, clock_ms=FakeClock())
+    tasks = Tasks(store, tasks_config(settings, 2), clock_ms=FakeClock())
     tasks.assign([0, 1])
     events.impressions.append(sentinel(events, after_ms=3_600_000))
     # the wall clock ends before the sentinel's deadline: only the sentinel stays open
     end = events.impressions[-1]["timestamp"] + 30 * 60_000
     feed(tasks, events, seed, end_ms=end)
-    return settings, tasks, WindowCollector(store, settings, store.frontier)
+    return settings, tasks, WindowCollector(store, readout_config(settings), store.frontier)
 
 
 AB_SETTINGS = {

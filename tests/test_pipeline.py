@@ -8,6 +8,7 @@ import pytest
 
 from evaluator.adapters.memory import MemoryStore
 from evaluator.config import load_settings
+from evaluator.config.plain import tasks_config
 from evaluator.engine.tasks import Tasks
 from tests.eventgen import EventSet, generate
 from tests.livecheck import FakeClock, compare_with_replay, expected_late, feed
@@ -16,7 +17,9 @@ PARTITIONS = 3
 
 
 def tasks_on(store, settings, write_behind: bool = False) -> Tasks:
-    tasks = Tasks(store, settings, PARTITIONS, clock_ms=FakeClock(), write_behind=write_behind)
+    tasks = Tasks(
+        store, tasks_config(settings, PARTITIONS), clock_ms=FakeClock(), write_behind=write_behind
+    )
     tasks.assign(range(PARTITIONS))
     return tasks
 
@@ -193,7 +196,7 @@ def test_offsets_committed_to_kafka_are_those_the_store_accepted(
     chunks = range(0, len(stream), 16)
     for poll, start in enumerate(chunks):
         if poll == len(chunks) // 2:  # a newer owner claims partition 0
-            Tasks(store, settings, PARTITIONS, clock_ms=FakeClock()).assign([0])
+            Tasks(store, tasks_config(settings, PARTITIONS), clock_ms=FakeClock()).assign([0])
         parts: dict[str, list[bytes]] = defaultdict(list)
         for kind, e in stream[start : start + 16]:
             p = partition_of(e["user_id"], PARTITIONS)
@@ -236,7 +239,7 @@ def test_a_partition_fenced_then_assigned_again_is_neither_paused_nor_reloaded(
 
     settings = load_settings(environ={}, overrides={"kafka": {"partitioner": "trust"}})
     store = make_store(settings.layout(1))
-    tasks = Tasks(store, settings, 1, clock_ms=FakeClock(), write_behind=write_behind)
+    tasks = Tasks(store, tasks_config(settings, 1), clock_ms=FakeClock(), write_behind=write_behind)
     tasks.assign([0])
 
     def impression(n: int) -> PartitionBatch:
@@ -246,7 +249,7 @@ def test_a_partition_fenced_then_assigned_again_is_neither_paused_nor_reloaded(
 
     tasks.apply([impression(0)], {})
     tasks.settle()
-    Tasks(store, settings, 1, clock_ms=FakeClock()).assign([0])  # a newer owner
+    Tasks(store, tasks_config(settings, 1), clock_ms=FakeClock()).assign([0])  # a newer owner
     tasks.clock_ms.now += 1_000  # type: ignore[attr-defined]: a checkpoint at this poll
     tasks.apply([impression(1)], {})  # its checkpoint is refused (now, or when settled)
     tasks.revoke([0])  # the group moved the partition away...

@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 
 from evaluator.config import load_settings
+from evaluator.config.plain import engine_config
 from evaluator.core.events import decode_impressions, decode_interactions
 from evaluator.core.finalise import FinaliseConfig, Finalised
 from evaluator.core.relevance import BUILTIN_PROFILES
 from evaluator.engine.checkpoint import Delta, Outcome
 from evaluator.engine.partition import PartitionEngine, StepCounts
 from evaluator.engine.restore import restore_state
-from evaluator.engine.tasks import engine_config
 
 SETTINGS = load_settings(environ={})
 CONFIG = SETTINGS.finalise_config()

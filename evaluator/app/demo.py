@@ -19,6 +19,7 @@ from evaluator.adapters.memory import MemoryStore
 from evaluator.app.serving import serve_metrics
 from evaluator.app.simulate import RateLimiter
 from evaluator.config import Settings, merge
+from evaluator.config.plain import tasks_config
 from evaluator.core.simulator import SimulationConfig, Simulator
 from evaluator.engine.batches import PartitionBatch
 from evaluator.engine.ports import StateStore
@@ -128,7 +129,7 @@ def run_demo(
     config = sim_config(settings, seed, requests_per_s, speed)
     simulator = Simulator(config)
     store = store or build_memory_store(settings)
-    tasks = Tasks(store, settings, DEMO_PARTITIONS)
+    tasks = Tasks(store, tasks_config(settings, DEMO_PARTITIONS))
     tasks.assign([0])
     server = serve_metrics(
         settings,

@@ -16,6 +16,7 @@ from tqdm import tqdm
 from evaluator.adapters.files import file_size, read_jsonl
 from evaluator.app.forked import Forked
 from evaluator.config import Settings
+from evaluator.config.plain import readout_config
 from evaluator.core.batch import (
     EstimationConfig,
     attribute,
@@ -152,8 +153,9 @@ def evaluate_files(
         variants = variant_codes(requests)
         # coverage and diversity need no join: a forked child computes them while
         # this process joins and scores
+        readout = readout_config(settings)
         side = Forked(
-            lambda: set_level(requests.events, variants, settings),
+            lambda: set_level(requests.events, variants, readout),
             parallel=len(requests.events) >= PARALLEL_MIN_REQUESTS,
         )
         attribution = attribute(requests, ints, settings.join.rules())
@@ -180,9 +182,9 @@ def evaluate_files(
         setlevel = side.result()
         duplicates = requests.duplicates + attribution.duplicates
         report = build_report(
-            scored, attribution.outcomes, duplicates, counts, settings, setlevel=setlevel
+            scored, attribution.outcomes, duplicates, counts, readout, setlevel=setlevel
         )
-        report["ab"] = ab_json(experiment_readouts(scored, settings))
+        report["ab"] = ab_json(experiment_readouts(scored, readout))
         report["settings"]["now"] = format_instant_ms(now_ms)
         report["settings"]["max_future"] = settings.event_time.max_future
         if p.estimated and curve is None:

@@ -17,6 +17,7 @@ from evaluator.adapters.redis.store import RedisStore, connect
 from evaluator.adapters.web.http import serve
 from evaluator.app.serving import serve_metrics
 from evaluator.config import ConfigError, Settings
+from evaluator.config.plain import tasks_config
 from evaluator.core.timeutil import parse_duration_ms
 from evaluator.engine.loop import MAX_BACKOFF_S, Health, claim, consume
 from evaluator.engine.ports import Source, StateStore
@@ -114,7 +115,7 @@ def run(
             early.shutdown()
             early.server_close()
     health.waiting = ""
-    tasks = Tasks(store, settings, partitions, write_behind=True)
+    tasks = Tasks(store, tasks_config(settings, partitions), write_behind=True)
     holder.append(tasks)
     health.store = store
     serve_metrics(

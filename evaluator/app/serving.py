@@ -15,6 +15,7 @@ from evaluator.adapters.prometheus.pipeline import PipelineCollector
 from evaluator.adapters.web.dashboard import DashboardHistory, routes
 from evaluator.adapters.web.http import Refreshed, serve
 from evaluator.config import Settings
+from evaluator.config.plain import readout_config
 from evaluator.core.timeutil import parse_duration_ms
 from evaluator.engine.batches import wall_clock_ms
 from evaluator.engine.ports import StateStore
@@ -40,7 +41,7 @@ def serve_metrics(
     registry = CollectorRegistry()
     pipeline = PipelineCollector(tasks.stats, lag, tasks.watermark, wall_clock_ms)
     registry.register(pipeline)
-    windows = WindowCollector(store, settings, store.frontier)
+    windows = WindowCollector(store, readout_config(settings), store.frontier)
     history = DashboardHistory(settings.windows.sizes_label(), settings.metrics.k[0], truth=truth)
     refresh_s = parse_duration_ms(settings.http.refresh_interval) / 1000.0
 

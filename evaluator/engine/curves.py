@@ -9,9 +9,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from evaluator.config import Settings
 from evaluator.core.finalise import FinaliseConfig, OpenRequest
 from evaluator.core.propensity.estimation import estimate
+from evaluator.engine.plan import Estimating, with_curve
 from evaluator.engine.ports import StateStore
 
 ESTIMATE_EVERY_S = 30.0
@@ -24,14 +24,14 @@ class BucketCurves:
     def __init__(
         self,
         store: StateStore,
-        settings: Settings,
+        config: FinaliseConfig,
+        estimating: Estimating | None,
         finalised: Callable[[], int],
-        partitions: int | None = None,
     ) -> None:
+        """``estimating``: how curves are fitted (None: ``config``'s fixed model)."""
         self.store = store
-        self.settings = settings
-        self.partitions = partitions
-        self.config = settings.finalise_config(partitions=partitions, layout=store.layout)
+        self.estimating = estimating
+        self.config = config
         self.finalised = finalised
         """Requests finalised so far by this process (a re-fit trigger)."""
         self._configs: dict[int, FinaliseConfig] = {}
@@ -41,7 +41,7 @@ class BucketCurves:
     def group(self, requests: list[OpenRequest]) -> list[tuple[FinaliseConfig, list[OpenRequest]]]:
         """With a fixed model, one group; with ``estimated``, one per bucket (of the
         shortest window) that the requests' deadlines fall in."""
-        if not self.settings.propensity.estimated or not requests:
+        if self.estimating is None or not requests:
             return [(self.config, requests)]
         layout = self.config.layout
         window = min(layout.windows_ms)
@@ -64,10 +64,11 @@ class BucketCurves:
             fresh = now - fitted_at < ESTIMATE_EVERY_S
             if fresh and done - fitted_done < max(1_000, fitted_done // 10):
                 return curve
-        p = self.settings.propensity
+        p = self.estimating
+        assert p is not None  # only asked when estimating
         counts = self.store.propensity_counts()
         fitted = estimate(
-            counts, p.estimator_name, p.positions, p.min_clicks, intervals=False
+            counts, p.estimator, p.positions, p.min_clicks, intervals=False
         ).curve()  # scoring needs the curve only
         self._fit = (now, done, fitted)
         return fitted
@@ -77,7 +78,7 @@ class BucketCurves:
         if config is None:
             current = self._estimate()
             curve = self.store.propensity_curve(bucket_ms, current) if current else None
-            config = self.settings.finalise_config(curve, self.partitions, self.store.layout)
+            config = with_curve(self.config, curve)
             if len(self._configs) > 64:
                 self._configs.clear()
             self._configs[bucket_ms] = config

@@ -19,17 +19,15 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
 
-from evaluator.config import Settings
 from evaluator.core.events import InvalidReason
-from evaluator.core.timeutil import parse_duration_ms
-from evaluator.core.windows import AggregateLayout
 from evaluator.engine.batches import PartitionBatch, PipelineStats, Rejected, wall_clock_ms
 from evaluator.engine.bounds import ForwardingBounds, fresher
 from evaluator.engine.checkpoint import Delta, Marks, Outcome
 from evaluator.engine.curves import BucketCurves
 from evaluator.engine.owned import Owned
-from evaluator.engine.partition import EngineConfig, PartitionEngine
+from evaluator.engine.partition import PartitionEngine
 from evaluator.engine.partitioner import PartitionOf
+from evaluator.engine.plan import TasksConfig
 from evaluator.engine.ports import StateStore
 from evaluator.engine.restore import restore_state
 from evaluator.engine.routing import Decoder, Forwarded, refused_letters
@@ -44,26 +42,6 @@ MAX_PENDING_FIELDS = 200_000
 segment rows wait to be written."""
 
 
-def engine_config(
-    settings: Settings, partitions: int | None = None, layout: AggregateLayout | None = None
-) -> EngineConfig:
-    """The engine's settings, as plain values (``layout``: the store's)."""
-    return EngineConfig(
-        settings.finalise_config(partitions=partitions, layout=layout),
-        max_out_of_orderness_ms=settings.event_time.ms("max_out_of_orderness"),
-        idle_timeout_ms=settings.event_time.ms("idle_timeout"),
-        history_cap=settings.cold_start.min_relevant_history,
-        attribute=settings.metrics.diversity_attribute,
-        shadow_of=settings.ab.control,
-        finalised_ttl_ms=settings.engine.ttl_s("finalised_ttl") * 1000,
-        experiments=settings.ab.experiment_list(),
-        exposure_ttl_ms=parse_duration_ms(settings.ab.exposure_ttl),
-        inputs=("impressions", "interactions")
-        if settings.kafka.partitioner == "trust"
-        else ("impressions", "interactions", "repartition"),
-    )
-
-
 def partition_number(name: str) -> int:
     return int(name.rsplit(":", 1)[1])
 
@@ -74,27 +52,28 @@ class Tasks:
     def __init__(
         self,
         store: StateStore,
-        settings: Settings,
-        partitions: int,
+        config: TasksConfig,
         clock_ms: Callable[[], int] = wall_clock_ms,
         write_behind: bool = False,
     ) -> None:
         """``write_behind``: a poll's checkpoints are written on a thread while the next
         poll is processed (``evaluator run``); otherwise before :meth:`apply` returns."""
+        plan = config.over(store.layout)
         self.store = store
-        self.settings = settings
-        self.partitions = partitions
-        self.config = engine_config(settings, partitions, store.layout)
-        self.interval_ms = settings.engine.ms("checkpoint_interval")
+        self.partitions = plan.partitions
+        self.config = plan.engine
+        self.interval_ms = plan.checkpoint_interval_ms
         self.clock_ms = clock_ms
         self.stats = PipelineStats()
         self.owned: dict[int, Owned] = {}
-        self.curves = BucketCurves(store, settings, lambda: self.stats.finalised, partitions)
+        self.curves = BucketCurves(
+            store, self.config.finalise, plan.estimating, lambda: self.stats.finalised
+        )
         self.decoder = Decoder(
-            PartitionOf(settings.kafka.partitioner, partitions),
-            settings.relevance.active(),
-            settings.events.max_list_length,
-            settings.event_time.ms("max_future"),
+            PartitionOf(plan.partitioner, plan.partitions),
+            plan.relevance,
+            plan.max_list_length,
+            plan.max_future_ms,
         )
         self._pending: dict[int, list[bytes]] = {}
         self._local_offsets: dict[int, int] = {}

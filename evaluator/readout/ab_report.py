@@ -15,30 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from evaluator.config import Settings
-from evaluator.core.ab.readout import ExperimentReadout, ReadoutRules, read_experiment
+from evaluator.core.ab.readout import ExperimentReadout, read_experiment
 from evaluator.core.ab.stats import SequentialTracker
 from evaluator.core.batch import ScoredRequests
-from evaluator.core.metrics.registry import METRICS
-from evaluator.core.rows import column_map
-from evaluator.core.windows import AggregateLayout, contribution_rows, user_buckets
-
-
-def rules_of(settings: Settings, layout: AggregateLayout | None = None) -> ReadoutRules:
-    """How experiments are read, over ``layout``'s columns (default: a fresh layout)."""
-    ab, layout = settings.ab, layout or settings.layout()
-    policy = settings.metrics.zero_relevance
-    columns = column_map(layout.schema, layout.ks, METRICS)
-    return ReadoutRules(
-        layout.ks,
-        columns,
-        policy,
-        ab.alpha,
-        ab.tuning,
-        ab.min_users,
-        ab.min_effective_buckets,
-        {mk: layout.schema.denominator(*mk, policy) for mk in columns},
-    )
+from evaluator.core.windows import contribution_rows, user_buckets
+from evaluator.readout.config import ReadoutConfig
 
 
 def _first_exposures(users: list[str], variants: list[str], rows: list[int]) -> dict[str, int]:
@@ -52,19 +33,20 @@ def _first_exposures(users: list[str], variants: list[str], rows: list[int]) -> 
     return counts
 
 
-def experiment_readouts(scored: ScoredRequests, settings: Settings) -> list[ExperimentReadout]:
+def experiment_readouts(scored: ScoredRequests, config: ReadoutConfig) -> list[ExperimentReadout]:
     """Each configured experiment (or ``default``) read once over the files."""
     events = scored.requests.events
     users = [e.user_id for e in events]
     variants = [scored.variant_names[c] for c in scored.variant.tolist()]
     times = np.asarray(scored.requests.timestamp_ms, dtype=np.int64)
-    layout = settings.layout()
+    layout = config.layout
+    rules = config.rules()
     n = len(events)
     nan = np.full((n, len(layout.ks)), np.nan)
     rows = contribution_rows(scored.scores, nan, nan[:, 0], layout.schema)
     bucket = user_buckets(users, layout) if n else np.zeros(0, dtype=np.int64)
     out = []
-    for experiment in settings.ab.experiment_list():
+    for experiment in config.experiments:
         mine = experiment.rows(variants, times)
         blocks: dict[str, Any] = {}
         for code in np.unique(scored.variant[mine]).tolist():
@@ -74,7 +56,7 @@ def experiment_readouts(scored: ScoredRequests, settings: Settings) -> list[Expe
             blocks[scored.variant_names[code]] = block
         exposed = _first_exposures(users, variants, mine.tolist())
         tracker = SequentialTracker()
-        readout = read_experiment(experiment, blocks, exposed, rules_of(settings), tracker)
+        readout = read_experiment(experiment, blocks, exposed, rules, tracker)
         readout.overlap = _overlap(scored, mine, readout.control, layout.ks)
         out.append(readout)
     return out

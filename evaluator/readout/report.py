@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 
-from evaluator.config import Settings
 from evaluator.core.aggregate import FloatArray
 from evaluator.core.batch import ScoredRequests, VariantCodes, rows_by_variant_cohort
 from evaluator.core.events import Damage, Impression
@@ -24,6 +23,7 @@ from evaluator.core.metrics.setlevel import (
 )
 from evaluator.core.rows import RowSchema, fresh_columns
 from evaluator.readout.ab_report import ab_lines
+from evaluator.readout.config import ReadoutConfig
 
 COHORT_NAMES = {1: "cold_start", 2: "established"}
 
@@ -61,20 +61,20 @@ def _metric_block(
 
 
 def set_level(
-    events: Sequence[Impression], variants: VariantCodes, settings: Settings
+    events: Sequence[Impression], variants: VariantCodes, config: ReadoutConfig
 ) -> dict[str, dict[str, Any]]:
     """Coverage@K and intra-list diversity@K per variant (of the deduplicated requests)."""
     variant_names, variant = variants
     lists = [e.items for e in events]
-    ks = settings.metrics.k
+    ks = config.ks
     per_variant = [
         [lists[r] for r in np.flatnonzero(variant == code).tolist()]
         for code in range(len(variant_names))
     ]
     distinct = [distinct_by_cutoff(mine, ks) for mine in per_variant]
     full_sets = [full for _, full in distinct]
-    catalog = settings.metrics.catalog_size or len(set().union(*full_sets))
-    attribute = settings.metrics.diversity_attribute
+    catalog = config.catalog_size or len(set().union(*full_sets))
+    attribute = config.diversity_attribute
     attrs = None
     if any(e.item_attributes for e in events):
         attrs = encode_top([(e.item_attributes or {}).get(attribute, []) for e in events], max(ks))
@@ -106,7 +106,7 @@ def build_report(
     outcomes: Counter[str],
     duplicates: int,
     counts: EventCounts,
-    settings: Settings,
+    config: ReadoutConfig,
     *,
     setlevel: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
@@ -114,19 +114,17 @@ def build_report(
     "Evaluating your own event files"; docs/semantics.md for each metric).
 
     ``setlevel`` is :func:`set_level`'s result when the caller computed it already."""
-    ks = tuple(settings.metrics.k)
-    policy = settings.metrics.zero_relevance
+    ks = config.ks
+    policy = config.zero_relevance
     schema = RowSchema(fresh_columns(ks, METRICS))  # the rows replay sums
     overall, by_cohort = rows_by_variant_cohort(scored)
     if setlevel is None:
-        setlevel = set_level(
-            scored.requests.events, (scored.variant_names, scored.variant), settings
-        )
+        setlevel = set_level(scored.requests.events, (scored.variant_names, scored.variant), config)
     variants: dict[str, Any] = {}
     for code, name in enumerate(scored.variant_names):
         block = _metric_block(overall[code], schema, ks, policy)
         block.update(setlevel[name])
-        block["composite"] = _composite(block, settings.metrics.composite)
+        block["composite"] = _composite(block, dict(config.composite))
         block["cohorts"] = {
             label: _metric_block(by_cohort[code * 3 + cohort], schema, ks, policy)
             for cohort, label in COHORT_NAMES.items()
@@ -148,18 +146,7 @@ def build_report(
             "incomplete": [d.describe() for d in counts.damaged],
         },
         "invalid_lines": counts.invalid_samples,
-        "settings": {
-            "k": list(ks),
-            "gain": settings.metrics.gain,
-            "relevance": settings.relevance.profile,
-            "propensity": (
-                f"estimated:{settings.propensity.estimator_name}"
-                if settings.propensity.estimated
-                else settings.propensity.build().name
-            ),
-            "zero_relevance": policy,
-            "attribution_window_ms": settings.join.rules().attribution_window_ms,
-        },
+        "settings": dict(config.described),
     }
 
 

@@ -23,15 +23,14 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from evaluator.adapters.prometheus.families import Families, new_families
-from evaluator.config import Settings
 from evaluator.core.ab.readout import ExperimentReadout, read_experiment
 from evaluator.core.ab.stats import SequentialTracker
 from evaluator.core.metrics.composite import composite_score
 from evaluator.core.metrics.registry import REGISTRY
 from evaluator.core.propensity.estimation import estimate_all
-from evaluator.core.timeutil import format_duration_ms, parse_duration_ms
+from evaluator.core.timeutil import format_duration_ms
 from evaluator.engine.ports import FloatArray, StateStore
-from evaluator.readout.ab_report import rules_of
+from evaluator.readout.config import ReadoutConfig
 from evaluator.readout.windows import OTHER, cap_variants, window_totals
 
 log = logging.getLogger(__name__)
@@ -47,12 +46,12 @@ class WindowCollector(Collector):
     def __init__(
         self,
         store: StateStore,
-        settings: Settings,
+        config: ReadoutConfig,
         watermark: Callable[[], int | None],
         sketch_refresh_s: float = 60.0,
     ) -> None:
         self.store = store
-        self.settings = settings
+        self.config = config
         self.layout = store.layout
         self.watermark = watermark
         self.tracker = SequentialTracker()
@@ -60,14 +59,9 @@ class WindowCollector(Collector):
         """Coverage and overlap come from sketches that are costly to merge: refreshed at
         most this often (they describe windows of 5 minutes and more)."""
         self._sketches: dict[tuple[int, str], tuple[float, Any]] = {}
-        self.window_label = {
-            parse_duration_ms(size): size.strip()
-            if isinstance(size, str)
-            else format_duration_ms(size)
-            for size in settings.windows.sizes
-        }
-        self.rules = rules_of(settings, self.layout)
-        self.experiments = settings.ab.experiment_list()
+        self.window_label = config.window_labels
+        self.rules = config.rules(self.layout)
+        self.experiments = config.experiments
         self._status: dict[tuple[str, str], str] = {}
         self._source: Callable[[], Families] | None = None
 
@@ -82,15 +76,14 @@ class WindowCollector(Collector):
             for window in self.layout.windows_ms:
                 self._window(fam, window, frontier)
             self._experiments(fam)
-        if self.settings.propensity.collect:
-            self._propensity(fam)
+        if self.config.propensity is not None:
+            self._propensity(fam, *self.config.propensity)
         return fam
 
-    def _propensity(self, fam: Families) -> None:
-        p = self.settings.propensity
+    def _propensity(self, fam: Families, positions: int, min_clicks: int) -> None:
         estimates = self._cached(
             (0, "propensity"),  # cached like the sketches (EM's intervals take ten refits)
-            lambda: estimate_all(self.store.propensity_counts(), p.positions, p.min_clicks),
+            lambda: estimate_all(self.store.propensity_counts(), positions, min_clicks),
             done=lambda found: any(math.isfinite(e.eta) for e in found.values()),
         )
         for name, e in estimates.items():
@@ -120,7 +113,6 @@ class WindowCollector(Collector):
         yield from (self._source or self.readout)().families()
 
     def _window(self, fam: Families, window: int, frontier: int) -> None:
-        ab = self.settings.ab
         totals = cap_variants(
             window_totals(
                 self.store.blocks(
@@ -130,8 +122,8 @@ class WindowCollector(Collector):
                 frontier,
                 self.layout,
             ),
-            ab.variants,
-            ab.max_variants,
+            list(self.config.variants),
+            self.config.max_variants,
         )
         label = self.window_label.get(window, format_duration_ms(window))
         starts = self._bucket_starts(window, frontier)
@@ -195,7 +187,7 @@ class WindowCollector(Collector):
 
         key = "items:" + ",".join(variants) + "|" + ";".join(map(str, groups))
         counts, catalog_seen, unions = self._cached((window, key), read)
-        catalog = float(self.settings.metrics.catalog_size) or catalog_seen
+        catalog = float(self.config.catalog_size) or catalog_seen
         coverage = {
             key: min(1.0, n / catalog) if catalog else math.nan for key, n in counts.items()
         }
@@ -212,7 +204,7 @@ class WindowCollector(Collector):
         return float(block[..., total].sum()) / n if n else math.nan
 
     def _mean(self, block: FloatArray, metric: str, k: int) -> float:
-        return self.layout.schema.mean(block, metric, k, self.settings.metrics.zero_relevance)
+        return self.layout.schema.mean(block, metric, k, self.config.zero_relevance)
 
     def _variant(
         self,
@@ -239,7 +231,7 @@ class WindowCollector(Collector):
             labels = {
                 "experiment": "shadow",
                 "variant": variant,
-                "control": self.settings.ab.control or "shadow",
+                "control": self.config.control or "shadow",
                 "k": "all",
                 "window": window,
                 "measure": "rbo",
@@ -254,7 +246,7 @@ class WindowCollector(Collector):
                 self._diversity(block, k),
             )
         terms: dict[str, float] = {}
-        for name in self.settings.metrics.composite:
+        for name in self.config.composite:
             metric, _, cut = name.partition("@")
             if metric == "coverage" and cut:
                 terms[name] = coverage.get((variant, int(cut)), math.nan)
@@ -266,19 +258,19 @@ class WindowCollector(Collector):
         fam.add(
             "recsys_eval_composite_score",
             {"variant": variant, "window": window},
-            composite_score(terms, self.settings.metrics.composite),
+            composite_score(terms, dict(self.config.composite)),
         )
 
     def _experiments(self, fam: Families) -> None:
         """Each experiment's A/B readout from its cumulative statistics."""
-        allowed = set(self.settings.ab.variants)
+        allowed = set(self.config.variants)
         for experiment in self.experiments:
             blocks = self.store.experiment_blocks(experiment.name)
             users = self.store.exposures(experiment.name)
             if allowed:  # the allow-list bounds the variant label
                 blocks = {v: b for v, b in blocks.items() if v in allowed}
                 users = {v: n for v, n in users.items() if v in allowed}
-            keep = sorted(users, key=lambda v: -users[v])[: self.settings.ab.max_variants]
+            keep = sorted(users, key=lambda v: -users[v])[: self.config.max_variants]
             blocks = {v: b for v, b in blocks.items() if v in keep}
             users = {v: users[v] for v in keep}
             readout = read_experiment(experiment, blocks, users, self.rules, self.tracker)
