@@ -26,7 +26,7 @@ from _common import machine
 from bench_run import events, plain_consumer, produce
 
 from evaluator.config import load_settings
-from evaluator.core.events import decode_impressions, decode_interactions
+from evaluator.core.decode import decode_impressions, decode_interactions
 
 MODES = ("raw", "raw again", "msgspec decode", "evaluator decode + validate")
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from _common import machine  # noqa: E402
 
-from evaluator.core.events import decode_impressions  # noqa: E402
+from evaluator.core.decode import decode_impressions  # noqa: E402
 from tests.fuzz import GOOD_IMPRESSION, bad_payloads  # noqa: E402
 
 

@@ -31,7 +31,8 @@ from _common import machine
 from evaluator.adapters.redis.store import RedisStore, connect
 from evaluator.config import load_settings
 from evaluator.config.plain import tasks_config
-from evaluator.core.events import InteractionBatch, decode_impressions
+from evaluator.core.decode import decode_impressions
+from evaluator.core.events import InteractionBatch
 from evaluator.engine.runtime import tune_gc
 from evaluator.engine.tasks import Tasks
 

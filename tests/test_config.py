@@ -126,7 +126,8 @@ def test_estimated_propensity_needs_an_estimator() -> None:
 
 
 def test_cli_flags_override_file_and_environment(monkeypatch) -> None:
-    from evaluator.app.cli import _service_overrides, build_parser
+    from evaluator.app.cli import build_parser
+    from evaluator.app.cli_common import service_overrides as _service_overrides
 
     args = build_parser().parse_args(["run", "--redis-url", "redis://r:1/2", "--port", "9"])
     monkeypatch.setenv("EVALUATOR_REDIS__URL", "redis://env:6379/0")

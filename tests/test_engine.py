@@ -14,9 +14,10 @@ import pytest
 
 from evaluator.app.replay import evaluate_files
 from evaluator.config import load_settings
-from evaluator.core.events import decode_impressions, decode_interactions
+from evaluator.core.decode import decode_impressions, decode_interactions
 from evaluator.core.finalise import Finalised
-from evaluator.engine.partition import EngineConfig, PartitionEngine
+from evaluator.engine.partition import PartitionEngine
+from evaluator.engine.plan import EngineConfig
 from evaluator.engine.records import SharedStrings
 from evaluator.engine.restore import restore_state
 from evaluator.engine.state import PartitionState

@@ -3,12 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from evaluator.core.events import (
-    InvalidReason,
-    decode_impressions,
-    decode_interactions,
-    json_schemas,
-)
+from evaluator.core.decode import decode_impressions, decode_interactions
+from evaluator.core.events import InvalidReason, json_schemas
 from evaluator.core.relevance import BUILTIN_PROFILES
 
 ECOM = BUILTIN_PROFILES["ecommerce"]

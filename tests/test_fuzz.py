@@ -13,7 +13,8 @@ import pytest
 
 from evaluator.app.replay import evaluate_files
 from evaluator.config import load_settings
-from evaluator.core.events import InvalidReason, decode_impressions, decode_interactions
+from evaluator.core.decode import decode_impressions, decode_interactions
+from evaluator.core.events import InvalidReason
 from evaluator.core.relevance import BUILTIN_PROFILES
 from tests.eventgen import generate
 from tests.fuzz import bad_payloads

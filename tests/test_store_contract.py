@@ -16,7 +16,7 @@ import pytest
 
 from evaluator.config import load_settings
 from evaluator.config.plain import engine_config
-from evaluator.core.events import decode_impressions, decode_interactions
+from evaluator.core.decode import decode_impressions, decode_interactions
 from evaluator.core.finalise import FinaliseConfig, Finalised
 from evaluator.core.relevance import BUILTIN_PROFILES
 from evaluator.engine.checkpoint import Delta, Outcome

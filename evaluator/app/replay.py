@@ -25,14 +25,8 @@ from evaluator.core.batch import (
     score,
     variant_codes,
 )
-from evaluator.core.events import (
-    ImpressionBatch,
-    InteractionColumns,
-    InvalidEvent,
-    decode_impressions,
-    decode_interactions,
-    latest_accepted_ms,
-)
+from evaluator.core.decode import decode_impressions, decode_interactions, latest_accepted_ms
+from evaluator.core.events import ImpressionBatch, InteractionColumns, InvalidEvent
 from evaluator.core.propensity.estimation import Estimate
 from evaluator.core.timeutil import format_instant_ms
 from evaluator.engine.batches import wall_clock_ms

@@ -6,8 +6,7 @@ from __future__ import annotations
 from evaluator.config.settings import Settings
 from evaluator.core.timeutil import format_duration_ms, parse_duration_ms
 from evaluator.core.windows import AggregateLayout
-from evaluator.engine.partition import EngineConfig
-from evaluator.engine.plan import Estimating, TasksConfig
+from evaluator.engine.plan import EngineConfig, Estimating, TasksConfig
 from evaluator.readout.config import ABRules, ReadoutConfig
 
 

@@ -7,13 +7,49 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from evaluator.core.experiments import Experiment
 from evaluator.core.finalise import FinaliseConfig
 from evaluator.core.propensity.estimation import Estimator
 from evaluator.core.propensity.models import EstimatedCurve, NoBias
 from evaluator.core.relevance import RelevanceProfile
 from evaluator.core.windows import AggregateLayout
-from evaluator.engine.partition import EngineConfig
 from evaluator.engine.partitioner import Partitioner
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Everything the engine needs, as plain values (milliseconds)."""
+
+    finalise: FinaliseConfig
+    max_out_of_orderness_ms: int = 5_000
+    idle_timeout_ms: int = 30_000
+    history_cap: int = 3
+    attribute: str = "category"
+    shadow_of: str = ""
+    """The variant whose shadow ranking an open request keeps for RBO (the configured
+    control; "": the first by name)."""
+    finalised_ttl_ms: int = 6 * 3_600_000
+    history_ttl_ms: int = 30 * 86_400_000
+    inputs: tuple[str, ...] = ("impressions", "interactions")
+    """The engine's input streams: each holds the watermark back until it delivers or
+    goes idle."""
+    experiments: tuple[Experiment, ...] = ()
+    """Experiments whose exposures (a user's first impression) are recorded."""
+    exposure_ttl_ms: int = 30 * 86_400_000
+    """Exposure records are dropped this long after the exposure (0: kept)."""
+    eager: tuple[str, ...] = ("repartition",)
+    """Inputs idle as soon as they are confirmed at their end: the repartition topic
+    only carries events forwarded by other partitions, usually none."""
+
+    @property
+    def horizon_ms(self) -> int:
+        """A request-less interaction this much older than the watermark joins nothing open."""
+        rules = self.finalise.rules
+        return (
+            rules.attribution_window_ms
+            + 2 * rules.max_clock_skew_ms
+            + self.finalise.allowed_lateness_ms
+        )
 
 
 @dataclass(frozen=True, slots=True)

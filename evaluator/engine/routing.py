@@ -12,15 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from evaluator.core.events import (
-    ImpressionBatch,
-    InteractionBatch,
-    InvalidEvent,
-    InvalidReason,
-    decode_impressions,
-    decode_interactions,
-    latest_accepted_ms,
-)
+from evaluator.core.decode import decode_impressions, decode_interactions, latest_accepted_ms
+from evaluator.core.events import ImpressionBatch, InteractionBatch, InvalidEvent, InvalidReason
 from evaluator.core.relevance import RelevanceProfile
 from evaluator.engine.batches import TAGS, PartitionBatch, Rejected
 from evaluator.engine.partitioner import PartitionOf

@@ -1,4 +1,4 @@
-"""The Redis state store: the only module that imports redis.
+"""The Redis state store (the package `evaluator.adapters.redis` is the only importer of redis).
 
 Key layout (docs/operations.md): everything of partition ``p`` carries the hash
 tag ``{<prefix>:<p>}``, so each checkpoint is one Lua script on one slot and the
@@ -17,25 +17,19 @@ are written by :mod:`evaluator.adapters.redis.sketches` before each checkpoint.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import socket
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from importlib import resources
 from typing import Any, cast
-from urllib.parse import urlparse
 
-import msgspec
 import numpy as np
-import redis
-from redis.backoff import ExponentialBackoff
-from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError, RedisClusterException
-from redis.retry import Retry
+from redis.exceptions import NoScriptError
 
 from evaluator.adapters.redis.block_cache import BlockCache
 from evaluator.adapters.redis.blocks import read_blocks, text
+from evaluator.adapters.redis.connection import Client, access_errors, connect
+from evaluator.adapters.redis.payload import checkpoint_args
 from evaluator.adapters.redis.sketches import CoverageSketches
 from evaluator.config import ConfigError
 from evaluator.core.experiments import SEP
@@ -51,13 +45,9 @@ from evaluator.core.windows import (
     stored_block,
 )
 from evaluator.engine.checkpoint import Checkpoint, Delta, Marks, Outcome
-from evaluator.engine.commit_payload import (
-    block_increments,
-    experiment_increments,
-    merge_increments,
-    propensity_increments,
-)
 from evaluator.engine.ports import FloatArray
+
+__all__ = ["LayoutMismatchError", "RedisStore", "connect"]
 
 SCRIPTS = ("checkpoint",)
 _SWAP = (
@@ -67,22 +57,6 @@ _SWAP = (
 """Compare-and-set of one key (the stored layout, grown by a new version)."""
 STATE_SCAN = 10_000
 """Changelog fields read per HSCAN call when a new owner loads a partition."""
-
-
-def _framed(changes: Mapping[str, bytes | None]) -> tuple[bytes, bytes, bytes]:
-    """The written changelog fields as the checkpoint script reads them: per field the
-    name's and the value's length in bytes (little-endian uint32 pairs), then all
-    names and all values, each concatenated (three arguments instead of two per field,
-    which the client would pack one by one; built without per-field packing)."""
-    names = [k for k, v in changes.items() if v is not None]
-    values = [v for v in changes.values() if v is not None]
-    joined = "".join(names).encode()
-    name_len = np.fromiter(map(len, names), dtype=np.uint32, count=len(names))
-    if len(joined) != int(name_len.sum()):  # some name is not ASCII: count its bytes
-        name_len = np.fromiter((len(n.encode()) for n in names), dtype=np.uint32)
-    value_len = np.fromiter(map(len, values), dtype=np.uint32, count=len(values))
-    lengths = np.column_stack((name_len, value_len)).astype("<u4").tobytes()
-    return lengths, joined, b"".join(values)
 
 
 class LayoutMismatchError(ConfigError):
@@ -95,86 +69,6 @@ def _script(name: str) -> str:
     """A script's source, after the helpers it shares with the others (``lua/lib.lua``)."""
     lua = resources.files("evaluator.adapters.redis").joinpath("lua")
     return lua.joinpath("lib.lua").read_text() + lua.joinpath(f"{name}.lua").read_text()
-
-
-Client = redis.Redis | RedisCluster
-"""A standalone Redis client, or a Redis Cluster client (same commands and key layout)."""
-
-
-ACCESS_REFUSED = (
-    "NOAUTH",
-    "WRONGPASS",
-    "NOPERM",
-    "HELLO must be called",
-    "invalid username",
-    "uthentication",
-)
-"""Replies meaning the credentials or permissions are wrong (not an outage)."""
-
-
-@contextlib.contextmanager
-def _access_errors() -> Iterator[None]:
-    """Refused credentials or permissions are a configuration error (one line, exit 2),
-    not an outage to wait for."""
-    try:
-        yield
-    except (redis.AuthenticationError, redis.ResponseError, RedisClusterException) as exc:
-        if isinstance(exc, redis.AuthenticationError) or any(
-            code in str(exc) for code in ACCESS_REFUSED
-        ):
-            raise ConfigError(
-                f"Redis refused access (redis.username, redis.password): {exc}"
-            ) from None
-        raise
-
-
-def _resolvable(url: str) -> None:
-    """A Redis host that does not exist is a configuration error (one line, exit 2)."""
-    host = urlparse(url).hostname
-    if not host:
-        return
-    try:
-        socket.getaddrinfo(host, None)
-    except socket.gaierror as exc:
-        if exc.errno == socket.EAI_NONAME:
-            raise ConfigError(f"redis.url: host {host!r} does not resolve") from None
-
-
-def connect(
-    url: str,
-    *,
-    username: str = "",
-    password: str = "",
-    tls: bool = False,
-    ca_certs: str = "",
-    retries: int = 5,
-    cluster: bool = False,
-) -> Client:
-    """A client with bounded, exponentially backed-off retries on connection errors.
-
-    ``cluster``: ``url`` names one node of a Redis Cluster; the client discovers the
-    others and routes each command (and each script, by its hash-tagged key) to the
-    node serving its slot."""
-    _resolvable(url)
-    retry = Retry(ExponentialBackoff(cap=2.0, base=0.05), retries)
-    options: dict[str, Any] = {
-        "health_check_interval": 30,
-        "socket_timeout": 10,
-        "socket_connect_timeout": 5,
-    }
-    if username:
-        options["username"] = username
-    if password:
-        options["password"] = password
-    if tls and url.startswith("redis://"):
-        url = "rediss://" + url[len("redis://") :]
-    if ca_certs:
-        options["ssl_ca_certs"] = ca_certs
-    if cluster:  # discovery runs here, and wraps refused credentials in its own error
-        with _access_errors():
-            return RedisCluster.from_url(url, retry=retry, **options)
-    retry_on = [redis.ConnectionError, redis.TimeoutError]
-    return redis.Redis.from_url(url, retry=retry, retry_on_error=retry_on, **options)
 
 
 class RedisStore:
@@ -198,7 +92,7 @@ class RedisStore:
         self._sha = {
             name: hashlib.sha1(src.encode()).hexdigest() for name, src in self._sources.items()
         }
-        with _access_errors():
+        with access_errors():
             self._load_scripts()
         self._meta = f"{{{prefix}:meta}}:"
         self._blocks = BlockCache(layout)
@@ -231,7 +125,7 @@ class RedisStore:
             raise
 
     def check_layout(self) -> None:
-        with _access_errors():
+        with access_errors():
             self._check_layout()
 
     def _check_layout(self) -> None:
@@ -307,49 +201,7 @@ class RedisStore:
         receipt = f"{epoch}:{seq}"
         if not self._sketches.add(delta.finalised, (tag + "pm", "sk", receipt)):
             receipt = ""
-        blocks: list[Any] = []
-        increments: list[bytes] = []
-        propensity: list[Any] = []
-        variants: set[str] = set()
-        for done in delta.finalised:
-            rows = np.arange(len(done.requests))
-            found, incs = block_increments(done, rows, self.layout)
-            blocks += found
-            increments.append(incs)
-            propensity += propensity_increments(done, rows)
-            variants.update(r.variant for r in done.requests)
-        lengths, names, values = _framed(delta.changes)
-        deleted = [k for k, v in delta.changes.items() if v is None]
-        meta: list[Any] = []
-        for name, offset in delta.offsets.items():
-            meta += [f"o:{name}", offset]
-        for name, t in delta.times.items():
-            meta += [f"t:{name}", t]
-        if delta.watermark_ms is not None:
-            meta += ["wm", delta.watermark_ms]
-        if delta.readout_ms is not None:
-            meta += ["rt", delta.readout_ms]
-        if delta.own_ms is not None:
-            meta += ["ow", delta.own_ms]
-        if delta.forwarded_ms is not None:
-            meta += ["fw", delta.forwarded_ms]
-        meta += ["open", delta.open_requests]
-        counters = [x for k, v in delta.counters.items() if v for x in (k, v)]
-        cumulative = merge_increments(
-            [experiment_increments(done, self.layout) for done in delta.finalised]
-        )
-        exposures = [x for k, v in delta.exposures.items() if v for x in (k, v)]
-        payload: tuple[Any, ...] = (
-            [],
-            deleted,
-            meta,
-            counters,
-            blocks,
-            propensity,
-            sorted(variants),
-            list(cumulative),
-            exposures,
-        )
+        args = checkpoint_args(delta, self.layout)
         pipe = self.client.pipeline(transaction=False)
         self._call(
             pipe,
@@ -358,16 +210,16 @@ class RedisStore:
             [
                 tag,
                 epoch,
-                msgspec.msgpack.encode(payload),
+                args.payload,
                 int(np.prod(self.layout.block_shape)),
-                b"".join(increments),
+                args.increments,
                 self.propensity_history_ms,
                 seq,
-                lengths,
-                b"".join(b.astype("<f8").tobytes() for b in cumulative.values()),
+                args.lengths,
+                args.cumulative,
                 receipt,
-                names,
-                values,
+                args.names,
+                args.values,
                 2 * self.layout.local_buckets,
             ],
         )

@@ -1,0 +1,233 @@
+"""The commands that generate traffic: ``evaluator simulate`` (events with a known
+ground truth, to files or Kafka) and ``evaluator demo`` (the simulator through the live
+engine, on an embedded store by default)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from evaluator.app.cli_common import (
+    Parser,
+    UsageError,
+    add_service_flags,
+    config_option,
+    port_free,
+    positive,
+    service_overrides,
+)
+from evaluator.app.logs import setup_logging
+from evaluator.config import Settings, load_settings
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    import threading
+
+    from evaluator.app.run import install_signal_handlers
+    from evaluator.app.simulate import FileSink, config_from_args, simulate, write_truth
+
+    settings = load_settings(args.config)
+    setup_logging()
+    options = {
+        "eta": args.eta,
+        "mode": args.mode,
+        "users": args.users,
+        "items": args.items,
+        "randomized_fraction": args.randomized_fraction,
+        "randomization": args.randomization,
+        "late_fraction": args.late_fraction,
+        "duplicate_fraction": args.duplicate_fraction,
+        "malformed_fraction": args.malformed_fraction,
+        "out_of_order_fraction": args.out_of_order_fraction,
+    }
+    try:
+        config = config_from_args(settings, args.seed, args.variant, options, args.start_ms)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.out_dir is None and not args.kafka:
+        raise UsageError("name a destination: --out-dir DIR or --kafka")
+    positive(requests=args.requests, rate=args.rate if args.rate else None)
+    stop = threading.Event()
+    install_signal_handlers(stop)
+    if args.kafka:
+        import time
+
+        from evaluator.adapters.kafka import KafkaSink
+
+        if args.start_ms is None:
+            config = config_from_args(
+                settings, args.seed, args.variant, options, time.time_ns() // 1_000_000
+            )
+        sink: Any = KafkaSink(settings.kafka)
+    else:
+        sink = FileSink(args.out_dir)
+    progress = False if args.no_progress else None
+    simulator = simulate(
+        config,
+        sink,
+        args.requests,
+        rate=args.rate,
+        stop=stop,
+        progress=progress,
+        live=args.kafka and args.start_ms is None,
+    )
+    truth_path = args.truth or (args.out_dir / "truth.json" if args.out_dir else None)
+    write_truth(simulator, truth_path)
+    if truth_path is not None:
+        print(f"ground truth: {truth_path}", file=sys.stderr)
+    return 0
+
+
+def add_simulate(sub: argparse._SubParsersAction[Parser]) -> None:
+    p = sub.add_parser(
+        "simulate",
+        parents=[config_option()],
+        help="generate traffic with a known ground truth (to files or Kafka)",
+        description="Users, items and variants with latent relevance; clicks from a "
+        "position-based model; prints the expected nDCG and true propensities at the end.",
+    )
+    p.add_argument("--out-dir", type=Path, help="write impressions.jsonl, interactions.jsonl")
+    p.add_argument("--kafka", action="store_true", help="produce to the configured Kafka topics")
+    p.add_argument("--requests", type=int, help="requests to generate (default: until stopped)")
+    p.add_argument("--rate", type=float, default=0.0, help="events/s cap (default: unlimited)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--variant", action="append", help="NAME:NOISE (repeatable); lower ranks better")
+    p.add_argument("--eta", type=float, help="examination propensity k**-eta (default 1.0)")
+    p.add_argument("--mode", choices=["ecommerce", "video"])
+    p.add_argument("--users", type=int)
+    p.add_argument("--items", type=int)
+    p.add_argument("--randomized-fraction", type=float)
+    p.add_argument("--randomization", choices=["topn", "swap"])
+    p.add_argument("--late-fraction", type=float)
+    p.add_argument("--out-of-order-fraction", type=float)
+    p.add_argument("--duplicate-fraction", type=float)
+    p.add_argument("--malformed-fraction", type=float)
+    p.add_argument(
+        "--start-ms",
+        type=int,
+        help="first event time (default: 2026-01-01; with --kafka, now, and each event is "
+        "produced once the wall clock reaches its time, as live traffic)",
+    )
+    p.add_argument("--truth", type=Path, help="ground-truth JSON path (default: stdout/out-dir)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_cmd_simulate)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    import threading
+
+    import msgspec
+
+    from evaluator.app.demo import DEMO_PARTITIONS, demo_tree, run_demo, sim_config
+    from evaluator.app.run import build_store, install_signal_handlers, run
+    from evaluator.config import load_tree
+    from evaluator.engine.ports import StateStore
+
+    positive(requests=args.requests, rate=args.rate, speed=args.speed)
+    overrides = service_overrides(args)
+    settings = load_settings(None, overrides=demo_tree(load_tree(args.config, overrides=overrides)))
+    port = port_free(settings.http.host, settings.http.port)
+    if port != settings.http.port:
+        http = msgspec.structs.replace(settings.http, port=port)
+        settings = msgspec.structs.replace(settings, http=http)
+    setup_logging()
+    stop = threading.Event()
+    install_signal_handlers(stop)
+    print(
+        f"evaluator demo: dashboard on http://{settings.http.host}:{settings.http.port}/ "
+        "(Ctrl-C stops)",
+        file=sys.stderr,
+    )
+    if not args.kafka:
+        store: StateStore | None = None
+        if args.redis:
+            store = _wait_for_redis(settings, DEMO_PARTITIONS, stop)
+            if store is None:
+                return 0
+        simulator = run_demo(
+            settings,
+            seed=args.seed,
+            requests_per_s=args.rate,
+            speed=args.speed,
+            requests=args.requests,
+            store=store,
+            stop=stop,
+        )
+    else:
+        from evaluator.adapters.kafka import KafkaSink
+        from evaluator.app.demo import build_memory_store
+        from evaluator.app.simulate import simulate
+        from evaluator.core.simulator import Simulator
+
+        config = sim_config(settings, args.seed, args.rate, args.speed)
+        holder: list[Simulator] = []
+
+        def produce() -> None:
+            while not stop.is_set():  # the broker may come up after the demo
+                try:
+                    sink = KafkaSink(settings.kafka)
+                    break
+                except ConnectionError as exc:
+                    logging.getLogger("evaluator.demo").warning("%s; retrying", exc)
+                    stop.wait(2.0)
+            else:
+                return
+            holder.append(
+                simulate(
+                    config,
+                    sink,
+                    args.requests,
+                    rate=args.rate * 4,
+                    stop=stop,
+                    progress=False,
+                )
+            )
+
+        threading.Thread(target=produce, name="simulator", daemon=True).start()
+
+        def make_store(partitions: int) -> StateStore:
+            if args.redis:
+                return build_store(settings, partitions)  # run() retries while unreachable
+            return build_memory_store(settings, partitions)
+
+        run(settings, stop, make_store, truth=lambda: holder[0].truth.as_dict() if holder else {})
+        simulator = holder[0] if holder else Simulator(config)
+    json.dump(simulator.truth.as_dict(), sys.stderr, indent=2)
+    sys.stderr.write("\n")
+    return 0
+
+
+def _wait_for_redis(settings: Settings, partitions: int, stop: Any) -> Any:
+    """The Redis store, retried with backoff while unreachable (health served meanwhile);
+    None when stopped first."""
+    from evaluator.app.run import build_store, serve_health, wait_for
+    from evaluator.engine.loop import Health
+
+    health = Health(None)
+    early = serve_health(settings, health)
+    try:
+        return wait_for("Redis", lambda: build_store(settings, partitions), stop, health)
+    finally:
+        if early is not None:
+            early.shutdown()
+            early.server_close()
+
+
+def add_demo(sub: argparse._SubParsersAction[Parser]) -> None:
+    p = sub.add_parser(
+        "demo",
+        parents=[config_option()],
+        help="simulated traffic through the live pipeline, with a dashboard page (no services)",
+    )
+    add_service_flags(p)
+    p.add_argument("--rate", type=float, default=300.0, help="requests/s (default 300)")
+    p.add_argument("--speed", type=float, default=20.0, help="event time vs wall clock")
+    p.add_argument("--requests", type=int, help="stop after this many requests")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kafka", action="store_true", help="through the configured Kafka topics")
+    p.add_argument("--redis", action="store_true", help="state in the configured Redis")
+    p.set_defaults(func=_cmd_demo)
