@@ -30,8 +30,8 @@ from evaluator.core.events import ImpressionBatch, InteractionColumns, InvalidEv
 from evaluator.core.propensity.estimation import Estimate
 from evaluator.core.timeutil import format_instant_ms
 from evaluator.engine.batches import wall_clock_ms
-from evaluator.readout.ab_report import ab_json, experiment_readouts
-from evaluator.readout.report import EventCounts, build_report, render_table, set_level
+from evaluator.readout.ab_report import experiment_readouts
+from evaluator.readout.report import EventCounts, build_report, read_file, render_table, set_level
 
 MAX_INVALID_SAMPLES = 1000
 """Invalid lines listed individually in the report; all are counted."""
@@ -175,10 +175,8 @@ def evaluate_files(
         )
         setlevel = side.result()
         duplicates = requests.duplicates + attribution.duplicates
-        report = build_report(
-            scored, attribution.outcomes, duplicates, counts, readout, setlevel=setlevel
-        )
-        report["ab"] = ab_json(experiment_readouts(scored, readout))
+        model = read_file(scored, readout, setlevel, experiment_readouts(scored, readout))
+        report = build_report(model, attribution.outcomes, duplicates, counts, readout)
         report["settings"]["now"] = format_instant_ms(now_ms)
         report["settings"]["max_future"] = settings.event_time.max_future
         if p.estimated and curve is None:

@@ -10,7 +10,6 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from evaluator.adapters.prometheus.collector import WindowCollector
-from evaluator.adapters.prometheus.families import Families
 from evaluator.adapters.prometheus.pipeline import PipelineCollector
 from evaluator.adapters.web.dashboard import DashboardHistory, routes
 from evaluator.adapters.web.http import Refreshed, serve
@@ -20,6 +19,7 @@ from evaluator.core.timeutil import parse_duration_ms
 from evaluator.engine.batches import wall_clock_ms
 from evaluator.engine.ports import StateStore
 from evaluator.engine.tasks import Tasks
+from evaluator.readout.model import ReadModel
 
 log = logging.getLogger(__name__)
 
@@ -45,17 +45,17 @@ def serve_metrics(
     history = DashboardHistory(settings.windows.sizes_label(), settings.metrics.k[0], truth=truth)
     refresh_s = parse_duration_ms(settings.http.refresh_interval) / 1000.0
 
-    def record(readout: Families) -> None:  # the dashboard reads the values, not the text
-        history.record(readout, pipeline.collect())
+    def record(model: ReadModel) -> None:  # the dashboard reads the values, not the text
+        history.record(model, pipeline.collect())
 
     if refresh_s:
-        windows.attach(Refreshed(windows.readout, refresh_s, on_refresh=record).get)
+        windows.attach(Refreshed(windows.read, refresh_s, on_refresh=record).get)
     else:  # computed at every scrape
 
-        def fresh() -> Families:
-            readout = windows.readout()
-            record(readout)
-            return readout
+        def fresh() -> ReadModel:
+            model = windows.read()
+            record(model)
+            return model
 
         windows.attach(fresh)
     registry.register(windows)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -10,10 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from evaluator.core.aggregate import FloatArray
+from evaluator.core.ab.readout import ExperimentReadout
 from evaluator.core.batch import ScoredRequests, VariantCodes, rows_by_variant_cohort
 from evaluator.core.events import Damage, Impression
-from evaluator.core.metrics.composite import composite_score
 from evaluator.core.metrics.registry import METRICS, REGISTRY
 from evaluator.core.metrics.setlevel import (
     coverage,
@@ -22,8 +20,18 @@ from evaluator.core.metrics.setlevel import (
     intra_list_diversity,
 )
 from evaluator.core.rows import RowSchema, fresh_columns
-from evaluator.readout.ab_report import ab_lines
+from evaluator.readout.ab_report import ab_json, ab_lines
 from evaluator.readout.config import ReadoutConfig
+from evaluator.readout.model import (
+    NAN,
+    GroupView,
+    ReadModel,
+    VariantView,
+    WindowView,
+    composite_of,
+    finite,
+    group_view,
+)
 
 COHORT_NAMES = {1: "cold_start", 2: "established"}
 
@@ -38,26 +46,6 @@ class EventCounts:
     invalid_samples: list[dict[str, Any]] = field(default_factory=list)
     damaged: list[Damage] = field(default_factory=list)
     """Compressed inputs that stopped being readable (their lines before were read)."""
-
-
-def _finite(value: float) -> float | None:
-    return None if math.isnan(value) else float(value)
-
-
-def _metric_block(
-    row: FloatArray, schema: RowSchema, ks: tuple[int, ...], policy: str
-) -> dict[str, Any]:
-    """Counts and means of one group's summed statistics row (read as the exporter reads
-    a window's)."""
-    requests, engaged = int(row[0]), int(row[1])
-    block: dict[str, Any] = {
-        "requests": requests,
-        "engaged": engaged,
-        "unengaged": requests - engaged,
-    }
-    for metric in METRICS:
-        block[metric] = {str(k): _finite(schema.mean(row, metric, k, policy)) for k in ks}
-    return block
 
 
 def set_level(
@@ -91,45 +79,70 @@ def set_level(
     return out
 
 
-def _composite(block: dict[str, Any], weights: dict[str, float]) -> float | None:
-    values: dict[str, float] = {}
-    for name in weights:
-        metric, _, k = name.partition("@")
-        entry = block.get(metric)
-        value = entry.get(k) if isinstance(entry, dict) else entry
-        values[name] = float("nan") if value is None else float(value)
-    return _finite(composite_score(values, weights))
+def read_file(
+    scored: ScoredRequests,
+    config: ReadoutConfig,
+    setlevel: dict[str, dict[str, Any]],
+    experiments: list[ExperimentReadout],
+) -> ReadModel:
+    """The read model of a whole file: one window (``file``) over every request, and
+    the experiments read over it (``setlevel``: :func:`set_level`'s result)."""
+    ks, policy = config.ks, config.zero_relevance
+    schema = RowSchema(fresh_columns(ks, METRICS))  # the rows replay sums
+    overall, by_cohort = rows_by_variant_cohort(scored)
+    views = []
+    catalog = 0
+    for code, name in enumerate(scored.variant_names):
+        cohorts = {"all": group_view(overall[code], schema, ks, policy)}
+        for cohort, label in COHORT_NAMES.items():
+            cohorts[label] = group_view(by_cohort[code * 3 + cohort], schema, ks, policy)
+        sets = setlevel[name]
+        coverage = {k: float(sets["coverage"][str(k)]) for k in ks}
+        diversity = {k: _nan(sets["diversity"][str(k)]) for k in ks}
+        catalog = sets["catalog_size"]
+        score = composite_of(cohorts["all"], coverage, diversity, config.composite)
+        views.append(VariantView(name, cohorts, coverage, diversity, score))
+    return ReadModel(windows=[WindowView("file", views, catalog=catalog)], experiments=experiments)
+
+
+def _nan(value: float | None) -> float:
+    return NAN if value is None else float(value)
+
+
+def _group_json(group: GroupView, ks: tuple[int, ...]) -> dict[str, Any]:
+    """Counts and means of one group (read as the exporter reads a window's)."""
+    requests, engaged = int(group.requests), int(group.engaged)
+    block: dict[str, Any] = {"requests": requests, "engaged": engaged}
+    block["unengaged"] = requests - engaged
+    for metric in METRICS:
+        block[metric] = {str(k): finite(group.means[(metric, k)]) for k in ks}
+    return block
+
+
+def _variant_json(view: VariantView, ks: tuple[int, ...], catalog: int) -> dict[str, Any]:
+    block = _group_json(view.cohorts["all"], ks)
+    block["coverage"] = {str(k): view.coverage[k] for k in ks}
+    block["diversity"] = {str(k): finite(view.diversity[k]) for k in ks}
+    block["catalog_size"] = catalog
+    block["composite"] = finite(view.composite)
+    block["cohorts"] = {
+        label: _group_json(view.cohorts[label], ks) for label in COHORT_NAMES.values()
+    }
+    return block
 
 
 def build_report(
-    scored: ScoredRequests,
+    model: ReadModel,
     outcomes: Counter[str],
     duplicates: int,
     counts: EventCounts,
     config: ReadoutConfig,
-    *,
-    setlevel: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The replay report; its keys are a contract other tools read (README.md,
-    "Evaluating your own event files"; docs/semantics.md for each metric).
-
-    ``setlevel`` is :func:`set_level`'s result when the caller computed it already."""
-    ks = config.ks
-    policy = config.zero_relevance
-    schema = RowSchema(fresh_columns(ks, METRICS))  # the rows replay sums
-    overall, by_cohort = rows_by_variant_cohort(scored)
-    if setlevel is None:
-        setlevel = set_level(scored.requests.events, (scored.variant_names, scored.variant), config)
-    variants: dict[str, Any] = {}
-    for code, name in enumerate(scored.variant_names):
-        block = _metric_block(overall[code], schema, ks, policy)
-        block.update(setlevel[name])
-        block["composite"] = _composite(block, dict(config.composite))
-        block["cohorts"] = {
-            label: _metric_block(by_cohort[code * 3 + cohort], schema, ks, policy)
-            for cohort, label in COHORT_NAMES.items()
-        }
-        variants[name] = block
+    """The replay report of :func:`read_file`'s model; its keys are a contract other
+    tools read (README.md, "Evaluating your own event files"; docs/semantics.md for
+    each metric)."""
+    (window,) = model.windows
+    variants = {v.variant: _variant_json(v, config.ks, window.catalog) for v in window.variants}
     unmatched = {k: v for k, v in outcomes.items() if k != "attributed"}
     return {
         "variants": variants,
@@ -147,6 +160,7 @@ def build_report(
         },
         "invalid_lines": counts.invalid_samples,
         "settings": dict(config.described),
+        "ab": ab_json(model.experiments),
     }
 
 

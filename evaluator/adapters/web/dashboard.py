@@ -1,12 +1,13 @@
-"""The built-in live dashboard: a page served next to ``/metrics``, fed by the same series.
+"""The built-in live dashboard: a page served next to ``/metrics``, fed by the same
+read model (:mod:`evaluator.readout.model`).
 
-Each refresh of the readout behind ``/metrics`` becomes a compact snapshot (nDCG
+Each refresh of the read model behind ``/metrics`` becomes a compact snapshot (nDCG
 per variant raw and adjusted, every exported ranking metric of the registry for the
-table, A/B differences since each experiment's start
-with their always-valid bands, the sequential p-value, users per arm and the
-sample-ratio test, requests per variant, the propensity curves, pipeline health), and the page
-polls ``/api/dashboard`` for the recent snapshots. The page and its script ship
-in the package (``evaluator/web``): nothing is loaded from a CDN.
+table, A/B differences since each experiment's start with their always-valid bands,
+the sequential p-value, users per arm and the sample-ratio test, requests per
+variant, the propensity curves, pipeline health), and the page polls
+``/api/dashboard`` for the recent snapshots. The page and its script ship in the
+package (``evaluator/web``): nothing is loaded from a CDN.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from typing import Any
 
 from prometheus_client.core import Metric
 
-from evaluator.adapters.prometheus.families import Families
+from evaluator.core.ab.readout import ExperimentReadout
 from evaluator.core.metrics.registry import REGISTRY
+from evaluator.readout.model import ReadModel, WindowView
 
-_TABLE = {(m.family, m.labels): m.name for m in REGISTRY if m.family is not None}
-"""(family, constant labels) -> metric, for the per-variant table."""
+_SHOWN = [m for m in REGISTRY if m.family is not None]
+"""The exported metrics, shown in the per-variant table."""
 
 ASSETS = {
     "/": ("index.html", "text/html; charset=utf-8"),
@@ -56,23 +58,17 @@ class DashboardHistory:
         self._lock = threading.Lock()
 
     def record(
-        self, readout: Families, process: Iterable[Metric] = (), now_s: float | None = None
+        self, model: ReadModel, process: Iterable[Metric] = (), now_s: float | None = None
     ) -> None:
-        """Keep the snapshot of one readout (the values ``/metrics`` serves, taken as
-        values, not parsed back from text) and the process's own metrics."""
-        samples = [
-            (name, dict(zip(readout.labels[name], values, strict=True)), value)
-            for name, rows in readout.samples.items()
-            for values, value in rows
-        ]
-        samples += [(s.name, s.labels, s.value) for family in process for s in family.samples]
-        snap = self.snapshot(samples, time.time() if now_s is None else now_s)
+        """Keep the snapshot of one read model (what ``/metrics`` serves, taken as values,
+        not parsed back from text) and the process's own metrics."""
+        snap = self.snapshot(model, process, time.time() if now_s is None else now_s)
         with self._lock:
             self._snapshots.append(snap)
 
-    def snapshot(
-        self, samples: Iterable[tuple[str, dict[str, str], float]], now_s: float
-    ) -> dict[str, Any]:
+    def snapshot(self, model: ReadModel, process: Iterable[Metric], now_s: float) -> dict[str, Any]:
+        """What the page plots at one moment; non-finite values (no data, inference
+        withheld) are left out, which JSON could not carry."""
         snap: dict[str, Any] = {
             "t": round(now_s, 3),
             "ndcg": {},
@@ -83,59 +79,56 @@ class DashboardHistory:
             "eta": {},
             "health": {},
         }
-        for name, labels, value in samples:
-            self._take(snap, name, labels, value)
-        snap["propensity"] = {
-            est: [curve[k] for k in sorted(curve)] for est, curve in snap["propensity"].items()
-        }
+        if model.watermark_ms is not None:
+            snap["watermark"] = model.watermark_ms / 1000.0
+        for window in model.windows:
+            if window.label == self.window:
+                self._window(snap, window)
+        for readout in model.experiments:
+            self._experiment(snap, readout)
+        for name, e in model.propensity.items():
+            if math.isfinite(e.eta):
+                snap["eta"][name] = e.eta
+            curve = [float(v) for v in e.theta if math.isfinite(v)]
+            if curve:
+                snap["propensity"][name] = curve
+        health = snap["health"]
+        for family in process:
+            for sample in family.samples:
+                if sample.name in _HEALTH:
+                    key = _HEALTH[sample.name]
+                    health[key] = health.get(key, 0.0) + sample.value
         return snap
 
-    def _take(self, snap: dict[str, Any], name: str, labels: dict[str, str], value: float) -> None:
-        in_view = labels.get("window") == self.window and labels.get("k", self.k) == self.k
-        shown = in_view and labels.get("cohort") == "all"
-        metric = _TABLE.get((name, tuple((k, v) for k, v in labels.items() if k not in _VIEW)))
-        if metric is not None and shown:
-            snap["metrics"].setdefault(labels["variant"], {})[metric] = value
-        if name == "recsys_eval_ndcg" and shown:
-            kind = "adjusted" if labels["adjusted"] == "true" else "raw"
-            snap["ndcg"].setdefault(labels["variant"], {})[kind] = value
-        elif name == "recsys_eval_requests" and in_view and labels.get("cohort") == "all":
-            snap["requests"][labels["variant"]] = value
-        elif name.startswith("recsys_eval_ab_"):
-            self._take_ab(snap, name, labels, value)
-        elif name == "recsys_eval_watermark_seconds":
-            snap["watermark"] = value
-        elif name == "recsys_eval_srm_p_value" and math.isfinite(value):
-            snap.setdefault("srm", {})[labels["experiment"]] = value
-        elif name == "recsys_eval_propensity":
-            curve = snap["propensity"].setdefault(labels["estimator"], {})
-            curve[int(labels["position"])] = value
-        elif name == "recsys_eval_propensity_eta":
-            snap["eta"][labels["estimator"]] = value
-        elif name in _HEALTH:
-            health = snap["health"]
-            health[_HEALTH[name]] = health.get(_HEALTH[name], 0.0) + value
+    def _window(self, snap: dict[str, Any], window: WindowView) -> None:
+        k = int(self.k)
+        for view in window.variants:
+            overall = view.cohorts["all"]
+            snap["requests"][view.variant] = overall.requests
+            for spec in _SHOWN:
+                value = overall.means.get((spec.name, k), math.nan)
+                if not math.isfinite(value):
+                    continue
+                snap["metrics"].setdefault(view.variant, {})[spec.name] = value
+                if spec.family == "recsys_eval_ndcg":
+                    kind = "adjusted" if dict(spec.labels)["adjusted"] == "true" else "raw"
+                    snap["ndcg"].setdefault(view.variant, {})[kind] = value
 
-    def _take_ab(
-        self, snap: dict[str, Any], name: str, labels: dict[str, str], value: float
-    ) -> None:
-        """The experiment-scoped A/B series (cumulative: no window label); non-finite
-        values (inference withheld) are left out, which JSON could not carry."""
-        if not math.isfinite(value):
-            return
-        if name == "recsys_eval_ab_users":
-            users = snap.setdefault("users", {}).setdefault(labels["experiment"], {})
-            users[labels["variant"]] = value
-            return
-        compared = name.startswith("recsys_eval_ab_ndcg_diff") or name == "recsys_eval_ab_p_value"
-        if not compared or labels["k"] != self.k or labels["adjusted"] != "false":
-            return
-        key = f"{labels['experiment']}: {labels['variant']} - {labels['control']}"
-        if name.startswith("recsys_eval_ab_ndcg_diff"):
-            part = name.removeprefix("recsys_eval_ab_ndcg_diff").lstrip("_") or "diff"
-            snap["ab"].setdefault(key, {})[part] = value
-        elif name == "recsys_eval_ab_p_value" and labels.get("method") == "sequential":
-            snap["ab"].setdefault(key, {})["p"] = value
+    def _experiment(self, snap: dict[str, Any], readout: ExperimentReadout) -> None:
+        """The experiment-scoped A/B values (cumulative: no window)."""
+        if math.isfinite(readout.srm_p_sequential):
+            snap.setdefault("srm", {})[readout.name] = readout.srm_p_sequential
+        if readout.users:
+            users = snap.setdefault("users", {}).setdefault(readout.name, {})
+            users.update({variant: float(n) for variant, n in readout.users.items()})
+        for c in readout.comparisons:
+            if c.k != int(self.k) or c.adjusted != "false":
+                continue
+            key = f"{readout.name}: {c.variant} - {c.control}"
+            parts = {"diff": c.diff, "lower": c.lower, "upper": c.upper, "p": c.p_sequential}
+            for part, value in parts.items():
+                if math.isfinite(value):
+                    snap["ab"].setdefault(key, {})[part] = value
 
     def json(self) -> bytes:
         with self._lock:
@@ -150,9 +143,6 @@ class DashboardHistory:
             body["truth"] = self.truth()
         return json.dumps(body).encode()
 
-
-_VIEW = {"variant", "k", "window", "cohort"}
-"""Labels every ranking-metric series has; the rest tell metrics of a family apart."""
 
 _HEALTH = {
     "recsys_eval_events_consumed_total": "consumed",
