@@ -31,6 +31,7 @@ from evaluator.config import load_settings
 from evaluator.config.plain import readout_config
 from evaluator.core.finalise import Finalised, OpenRequest
 from evaluator.engine.checkpoint import Delta
+from evaluator.readout.live import LiveReader
 
 T0 = 1_700_000_000_000
 DAY = 86_400_000
@@ -128,7 +129,7 @@ def main() -> None:
     owner = Owner(store)
     frontier = fill(owner, args.requests, variants=10)
     registry = CollectorRegistry()  # process counters would be here too
-    collector = WindowCollector(store, readout_config(settings), lambda: frontier)
+    collector = WindowCollector(LiveReader(store, readout_config(settings), lambda: frontier))
     registry.register(collector)
     cold, _ = timed(registry)
     rng = np.random.default_rng(1)

@@ -28,6 +28,7 @@ from evaluator.config.plain import readout_config, tasks_config
 from evaluator.core.ab.stats import SRM_CONCENTRATION
 from evaluator.engine.batches import PartitionBatch
 from evaluator.engine.tasks import Tasks
+from evaluator.readout.live import LiveReader
 from tests.livecheck import FakeClock
 from tests.reference import srm_sequential_p
 
@@ -126,7 +127,7 @@ def test_exported_ab_series_over_a_long_run() -> None:
     tasks = Tasks(store, tasks_config(settings, 1), clock_ms=clock)
     tasks.assign([0])
     registry = CollectorRegistry()
-    registry.register(WindowCollector(store, readout_config(settings), store.frontier))
+    registry.register(WindowCollector(LiveReader(store, readout_config(settings), store.frontier)))
     rng = random.Random(3)
     traffic = hourly_traffic(rng, hours=72, users=2_500)
     offsets = {"impressions": 0, "interactions": 0}

@@ -19,6 +19,7 @@ from evaluator.config import load_settings
 from evaluator.config.plain import readout_config, tasks_config
 from evaluator.core.ab.stats import SRM_CONCENTRATION
 from evaluator.engine.tasks import Tasks
+from evaluator.readout.live import LiveReader
 from evaluator.readout.windows import OTHER, cap_variants, window_totals
 from tests.eventgen import generate
 from tests.livecheck import SENTINEL_VARIANT, FakeClock, feed, sentinel
@@ -45,7 +46,11 @@ def live_run(events, settings=None, seed: int = 0):
     # the wall clock ends before the sentinel's deadline: only the sentinel stays open
     end = events.impressions[-1]["timestamp"] + 30 * 60_000
     feed(tasks, events, seed, end_ms=end)
-    return settings, tasks, WindowCollector(store, readout_config(settings), store.frontier)
+    return (
+        settings,
+        tasks,
+        WindowCollector(LiveReader(store, readout_config(settings), store.frontier)),
+    )
 
 
 AB_SETTINGS = {

@@ -19,6 +19,7 @@ from evaluator.core.timeutil import parse_duration_ms
 from evaluator.engine.batches import wall_clock_ms
 from evaluator.engine.ports import StateStore
 from evaluator.engine.tasks import Tasks
+from evaluator.readout.live import LiveReader
 from evaluator.readout.model import ReadModel
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ def serve_metrics(
     registry = CollectorRegistry()
     pipeline = PipelineCollector(tasks.stats, lag, tasks.watermark, wall_clock_ms)
     registry.register(pipeline)
-    windows = WindowCollector(store, readout_config(settings), store.frontier)
+    windows = WindowCollector(LiveReader(store, readout_config(settings), store.frontier))
     history = DashboardHistory(settings.windows.sizes_label(), settings.metrics.k[0], truth=truth)
     refresh_s = parse_duration_ms(settings.http.refresh_interval) / 1000.0
 

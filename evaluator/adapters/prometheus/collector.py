@@ -20,8 +20,6 @@ from evaluator.adapters.prometheus.families import Families, new_families
 from evaluator.core.ab.readout import ExperimentReadout
 from evaluator.core.metrics.registry import REGISTRY
 from evaluator.core.propensity.estimation import Estimate
-from evaluator.engine.ports import StateStore
-from evaluator.readout.config import ReadoutConfig
 from evaluator.readout.live import LiveReader
 from evaluator.readout.model import ReadModel, VariantView, WindowView
 
@@ -32,15 +30,9 @@ EXPORTED = [(m, m.family) for m in REGISTRY if m.family is not None]
 class WindowCollector(Collector):
     """Renders the read model as gauge families when Prometheus scrapes."""
 
-    def __init__(
-        self,
-        store: StateStore,
-        config: ReadoutConfig,
-        watermark: Callable[[], int | None],
-        sketch_refresh_s: float = 60.0,
-    ) -> None:
-        self.reader = LiveReader(store, config, watermark, sketch_refresh_s)
-        self.control = config.control
+    def __init__(self, reader: LiveReader) -> None:
+        self.reader = reader
+        self.control = reader.config.control
         self._source: Callable[[], ReadModel] | None = None
         self._rendered: tuple[ReadModel, Families] | None = None
 
