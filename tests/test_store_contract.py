@@ -847,3 +847,40 @@ def test_redis_grows_a_stored_layout_and_reads_its_old_blocks(
         assert schema.mean(read, "recall", 10, "skip") == pytest.approx(1.0)
     for store in (old, new, again):
         store.close()
+
+
+def test_window_state_is_bounded_by_event_time(make_store) -> None:
+    """Over 72 h of event time, each window keeps only the buckets of its last two
+    lengths: older blocks are dropped (the embedded store) or forgotten and deleted
+    (Redis), so a long run's window state stays bounded; the windows read the same."""
+    layout = SETTINGS.layout()
+    store = make_store(layout)
+    step = 20 * 60_000
+    deadlines = []
+    for n in range(72 * 3):
+        ts = n * step + 1_000
+        Driver(store).ingest(
+            impressions((f"r{n}", f"u{n % 7}", ts, ["a", f"i{n}"])), interactions()
+        )
+        Driver(store).finalise(CONFIG.deadline(ts))
+        deadlines.append(CONFIG.deadline(ts))
+    newest = deadlines[-1]
+    for window in layout.windows_ms:
+        newest_start = int(layout.bucket_start(window, np.array([newest]))[0])
+        starts = sorted({start for start, _ in store.blocks(window)})
+        assert starts[-1] == newest_start
+        assert starts[0] >= newest_start - 2 * window
+        # the window itself still holds every request whose deadline falls in it
+        since = newest - window - layout.bucket_width(window)
+        held = sum(float(b[..., 0].sum()) for b in store.blocks(window, since, newest).values())
+        first = int(layout.bucket_start(window, np.array([newest - window]))[0])
+        assert held == sum(1 for d in deadlines if d >= first)
+    if make_store.kind == "memory":  # what the process holds, not only what is read
+        assert {key[1] for key in store._blocks} == {
+            start for window in layout.windows_ms for start, _ in store.blocks(window)
+        }
+        oldest = newest - 2 * max(layout.windows_ms) - max(layout.windows_ms)
+        assert min(key[1] for key in store._items) >= oldest
+    elif make_store.kind == "redis":  # the forgotten blocks' keys are gone, not left to TTL
+        alive = store.client.keys(f"{store.tag(0)}b:*")
+        assert len(alive) == sum(len(store.blocks(w)) for w in layout.windows_ms)

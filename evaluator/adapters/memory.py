@@ -74,16 +74,23 @@ class MemoryStore:
             counts.update(increments(mine, positions))
 
     def _aggregate(
-        self, finalised: Finalised, i: int, shard: int, observed: dict[int, list[Observation]]
+        self,
+        finalised: Finalised,
+        i: int,
+        shard: int,
+        observed: dict[int, list[Observation]],
+        written: dict[int, int],
     ) -> None:
         """Add request ``i``'s row to its window blocks (in ``shard``), its items to the
-        coverage sets and its observation to ``observed`` (by day)."""
+        coverage sets and its observation to ``observed`` (by day); ``written``: the
+        oldest bucket start written per window."""
         layout = self.layout
         request = finalised.requests[i]
         local = int(finalised.user_bucket[i]) // layout.shards
         cohort = int(finalised.cohort[i])
         for window in layout.windows_ms:
             start = int(layout.bucket_start(window, finalised.deadline_ms[i : i + 1])[0])
+            written[window] = min(start, written.get(window, start))
             key = (window, start, request.variant, shard)
             block = self._blocks.get(key)
             if block is None:
@@ -139,6 +146,7 @@ class MemoryStore:
             self._counters.update({k: v for k, v in delta.counters.items() if v})
             self._exposures.update({k: v for k, v in delta.exposures.items() if v})
             observed: dict[int, list[Observation]] = {}
+            written: dict[int, int] = {}
             for key, block in merge_increments(
                 [experiment_increments(done, self.layout) for done in delta.finalised]
             ).items():
@@ -146,10 +154,30 @@ class MemoryStore:
                 self._experiments[(key, partition)] = block if found is None else found + block
             for done in delta.finalised:
                 for i in range(len(done.requests)):
-                    self._aggregate(done, i, partition, observed)
+                    self._aggregate(done, i, partition, observed, written)
                 self._add_propensity(observed, done.propensity_positions)
                 observed = {}
+            self._prune(partition, written)
             return Outcome.WRITTEN
+
+    def _prune(self, partition: int, written: dict[int, int]) -> None:
+        """Drop what fell two window lengths behind the oldest bucket just written, as
+        the Redis store does (``add_blocks`` in ``lua/lib.lua``): no reader asks for
+        it, and the demo's memory stays bounded however long it runs."""
+        cutoff = {window: start - 2 * window for window, start in written.items()}
+        if not cutoff:
+            return
+        self._blocks = {
+            key: block
+            for key, block in self._blocks.items()
+            if key[3] != partition or key[1] >= cutoff.get(key[0], key[1])
+        }
+        self._items = {
+            key: items for key, items in self._items.items() if key[1] >= cutoff.get(key[0], key[1])
+        }
+        longest = max(self.layout.windows_ms)
+        if longest in cutoff:
+            self._curves = {b: c for b, c in self._curves.items() if b >= cutoff[longest]}
 
     def marks(self) -> dict[int, Marks]:
         with self._lock:

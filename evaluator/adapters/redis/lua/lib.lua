@@ -120,13 +120,17 @@ local function add_blocks(p, blocks, incs, nblock, rows)
     local cutoff = b[2] - 2 * b[4]
     if not oldest[b[4]] or cutoff < oldest[b[4]] then oldest[b[4]] = cutoff end
   end
-  -- forget blocks that fell far out of their window (their keys expire by TTL)
+  -- forget and delete blocks that fell two window lengths behind the oldest written
+  -- (bounded by event time; the TTL only backs this up)
   for window, cutoff in pairs(oldest) do
     local index = p .. 'bi:' .. window
     local gone = redis.call('ZRANGEBYSCORE', index, '-inf', '(' .. cutoff, 'LIMIT', 0, 1000)
     if #gone > 0 then
       redis.call('ZREM', p .. 'mod:' .. window, unpack(gone))
       redis.call('ZREM', index, unpack(gone))
+      local keys = {}
+      for j, name in ipairs(gone) do keys[j] = p .. 'b:' .. name end
+      redis.call('DEL', unpack(keys))
     end
   end
 end
