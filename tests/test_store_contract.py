@@ -884,3 +884,26 @@ def test_window_state_is_bounded_by_event_time(make_store) -> None:
     elif make_store.kind == "redis":  # the forgotten blocks' keys are gone, not left to TTL
         alive = store.client.keys(f"{store.tag(0)}b:*")
         assert len(alive) == sum(len(store.blocks(w)) for w in layout.windows_ms)
+
+
+def test_redis_sketches_live_as_long_as_their_windows_blocks(
+    redis_url: str, key_prefix: str
+) -> None:
+    """A 5-minute window's coverage sketches expire with its blocks, not after the
+    longest window's lifetime (its 25-second buckets would pile up for two days)."""
+    from evaluator.adapters.redis.store import RedisStore, connect
+    from evaluator.core.windows import block_ttl_s
+
+    layout = SETTINGS.layout()
+    store = RedisStore(connect(redis_url), layout, prefix=key_prefix)
+    store.check_layout()
+    Driver(store).ingest(impressions(("r1", "u1", 1_000, ["a", "b"])), interactions())
+    Driver(store).finalise(CONFIG.deadline(1_000))
+    ttls: dict[int, list[int]] = {}
+    for key in store.client.scan_iter(match=f"{{{key_prefix}:hcov}}:*"):
+        window = int(key.decode().split("}:", 1)[1].split(":", 1)[0])
+        ttls.setdefault(window, []).append(store.client.ttl(key))
+    assert set(ttls) == set(layout.windows_ms)
+    for window, found in ttls.items():
+        assert all(0 < ttl <= block_ttl_s(window) for ttl in found), (window, found)
+    store.close()

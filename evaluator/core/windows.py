@@ -32,6 +32,14 @@ I64 = npt.NDArray[np.int64]
 COHORT_INDEX = {"cold_start": 0, "established": 1}
 
 
+def block_ttl_s(window_ms: int) -> int:
+    """How long a window's stored block or sketch lives after its last write (wall
+    clock): two window lengths and an hour, so a stalled pipeline's window is still
+    whole when it resumes; event time prunes sooner (the stores drop blocks two window
+    lengths behind the newest written)."""
+    return (2 * window_ms) // 1000 + 3600
+
+
 @dataclass(frozen=True, slots=True)
 class AggregateLayout:
     """Shapes and key arithmetic shared by every state store."""

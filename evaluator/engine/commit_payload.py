@@ -22,7 +22,7 @@ import numpy.typing as npt
 from evaluator.core.experiments import SEP
 from evaluator.core.finalise import Finalised
 from evaluator.core.propensity.estimation import Observation, counter_day, increments
-from evaluator.core.windows import AggregateLayout
+from evaluator.core.windows import AggregateLayout, block_ttl_s
 
 FloatArray = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -57,7 +57,7 @@ def block_increments(
         block = np.zeros((len(groups), *layout.block_shape))
         np.add.at(block, (of_row, cohort, local), values)
         sums.append(block)
-        ttl = (2 * window) // 1000 + 3600
+        ttl = block_ttl_s(window)
         blocks += [(f"{window}:{start}:{names[v]}", start, ttl, window) for start, v in groups]
     data = np.concatenate(sums) if sums else np.zeros((0, *layout.block_shape))
     return blocks, data.astype("<f8").tobytes()

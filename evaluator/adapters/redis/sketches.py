@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from evaluator.core.finalise import Finalised
 from evaluator.core.sketch import U64, hash_strings
-from evaluator.core.windows import AggregateLayout
+from evaluator.core.windows import AggregateLayout, block_ttl_s
 from evaluator.engine.commit_payload import coverage_updates
 
 DENSE_HEADER = b"HYLL" + bytes(4) + bytes(7) + b"\x80"
@@ -85,7 +85,9 @@ class CoverageSketches:
         self.layout = layout
         self.prefix = prefix
         self.ttl_s = ttl_s
-        """Lifetime of a sketch after its last write (the longest block lifetime)."""
+        """Lifetime of a sketch whose window is unknown (the longest block lifetime);
+        the others live as long as their window's blocks (``block_ttl_s``: a 5-minute
+        window's 25-second buckets do not pile up for two days)."""
         self._execute = execute
         self._token = uuid.uuid4().hex
         """Names this process's temporary sketches (other instances write theirs)."""
@@ -106,8 +108,15 @@ class CoverageSketches:
         those requests again). Returns whether anything was written (no receipt
         otherwise)."""
         built: dict[str, npt.NDArray[np.uint8]] = {}
+        lifetime: dict[str, int] = {}
+
+        def named(window: int, start: int, variant: str, k: int) -> str:
+            name = self.key(window, start, variant, k)
+            lifetime[name] = block_ttl_s(window)
+            return name
+
         for done in finalised:
-            update = coverage_updates(done, self.layout, self.key)
+            update = coverage_updates(done, self.layout, named)
             index, rank = register_ranks(hash_strings(update.items))
             mine: dict[str, npt.NDArray[np.uint8]] = {}
             for key, (positions, held) in update.sketches.items():
@@ -129,7 +138,7 @@ class CoverageSketches:
             pipe.set(temporary, dense_encoding(registers), px=TEMPORARY_MS)
             same_slot(pipe, "PFMERGE", [key, temporary])
             pipe.delete(temporary)
-            pipe.expire(key, self.ttl_s)
+            pipe.expire(key, lifetime.get(key, self.ttl_s))
         key, field, value = receipt
         pipe.hset(key, field, value)
         self._execute(pipe)

@@ -40,6 +40,7 @@ from evaluator.core.propensity.estimation import (
 from evaluator.core.windows import (
     AggregateLayout,
     LayoutRefusedError,
+    block_ttl_s,
     expand_shards,
     resume,
     stored_block,
@@ -86,7 +87,7 @@ class RedisStore:
         self.layout = layout
         self.prefix = prefix
         self.propensity_history_ms = propensity_history_ms
-        self.block_ttl_s = (max(layout.windows_ms) * 2) // 1000 + 3600
+        self.block_ttl_s = block_ttl_s(max(layout.windows_ms))
         """Longest block lifetime; each window's blocks live 2 x window + 1 h."""
         self._sources = {name: _script(name) for name in SCRIPTS}
         self._sha = {
