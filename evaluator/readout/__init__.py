@@ -1,2 +1,3 @@
-"""The read side: what the stored aggregates say, per window and per experiment, for
-/metrics, the dashboard and replay's report."""
+"""The read side: one read model (per window, per experiment, propensities), read live
+from the store or from a file's rows, and rendered for /metrics, the dashboard and
+replay's report."""
