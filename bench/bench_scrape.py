@@ -143,7 +143,7 @@ def main() -> None:
         seconds, text = timed(registry)
         steady.append(seconds)
     # what `evaluator run` does by default: refresh in the background, serve the copy
-    cached = Refreshed(collector.readout, 1.0)
+    cached = Refreshed(collector.read, 1.0)
     collector.attach(cached.get)
     server = serve(registry, "127.0.0.1", 0, alive=lambda: True, ready=lambda: (True, ""))
     url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
