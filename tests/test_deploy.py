@@ -179,3 +179,11 @@ def test_dashboard_covers_what_users_need() -> None:
     ):
         assert re.search(rf"\b{metric}\b", exprs), metric
     assert 'adjusted="true"' in exprs and 'cohort=~"cold_start|established"' in exprs
+
+
+def test_dashboard_plots_only_always_valid_p_values() -> None:
+    """A p-value watched over time must be the sequential one: the fixed-horizon value
+    read at 50 looks gives about 31% false positives."""
+    plotted = [e for e in dashboard_exprs() if "recsys_eval_ab_p_value" in e]
+    assert plotted
+    assert all('method="sequential"' in e for e in plotted), plotted
