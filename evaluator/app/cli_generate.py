@@ -120,20 +120,12 @@ def add_simulate(sub: argparse._SubParsersAction[Parser]) -> None:
 def _cmd_demo(args: argparse.Namespace) -> int:
     import threading
 
-    import msgspec
-
-    from evaluator.app.demo import DEMO_PARTITIONS, demo_tree, run_demo, sim_config
-    from evaluator.app.run import build_store, install_signal_handlers, run
-    from evaluator.config import load_tree
+    from evaluator.app.demo import DEMO_PARTITIONS, run_demo
+    from evaluator.app.run import install_signal_handlers
     from evaluator.engine.ports import StateStore
 
     positive(requests=args.requests, rate=args.rate, speed=args.speed)
-    overrides = service_overrides(args)
-    settings = load_settings(None, overrides=demo_tree(load_tree(args.config, overrides=overrides)))
-    port = port_free(settings.http.host, settings.http.port)
-    if port != settings.http.port:
-        http = msgspec.structs.replace(settings.http, port=port)
-        settings = msgspec.structs.replace(settings, http=http)
+    settings = _demo_settings(args)
     setup_logging()
     stop = threading.Event()
     install_signal_handlers(stop)
@@ -142,7 +134,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         "(Ctrl-C stops)",
         file=sys.stderr,
     )
-    if not args.kafka:
+    if args.kafka:
+        simulator = _demo_through_kafka(settings, args, stop)
+    else:
         store: StateStore | None = None
         if args.redis:
             store = _wait_for_redis(settings, DEMO_PARTITIONS, stop)
@@ -157,48 +151,65 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             store=store,
             stop=stop,
         )
-    else:
-        from evaluator.adapters.kafka import KafkaSink
-        from evaluator.app.demo import build_memory_store
-        from evaluator.app.simulate import simulate
-        from evaluator.core.simulator import Simulator
-
-        config = sim_config(settings, args.seed, args.rate, args.speed)
-        holder: list[Simulator] = []
-
-        def produce() -> None:
-            while not stop.is_set():  # the broker may come up after the demo
-                try:
-                    sink = KafkaSink(settings.kafka)
-                    break
-                except ConnectionError as exc:
-                    logging.getLogger("evaluator.demo").warning("%s; retrying", exc)
-                    stop.wait(2.0)
-            else:
-                return
-            holder.append(
-                simulate(
-                    config,
-                    sink,
-                    args.requests,
-                    rate=args.rate * 4,
-                    stop=stop,
-                    progress=False,
-                )
-            )
-
-        threading.Thread(target=produce, name="simulator", daemon=True).start()
-
-        def make_store(partitions: int) -> StateStore:
-            if args.redis:
-                return build_store(settings, partitions)  # run() retries while unreachable
-            return build_memory_store(settings, partitions)
-
-        run(settings, stop, make_store, truth=lambda: holder[0].truth.as_dict() if holder else {})
-        simulator = holder[0] if holder else Simulator(config)
     json.dump(simulator.truth.as_dict(), sys.stderr, indent=2)
     sys.stderr.write("\n")
     return 0
+
+
+def _demo_settings(args: argparse.Namespace) -> Settings:
+    """The demo's settings (its defaults under the file, environment and flags), on a
+    port that is free now."""
+    import msgspec
+
+    from evaluator.app.demo import demo_tree
+    from evaluator.config import load_tree
+
+    overrides = service_overrides(args)
+    settings = load_settings(None, overrides=demo_tree(load_tree(args.config, overrides=overrides)))
+    port = port_free(settings.http.host, settings.http.port)
+    if port != settings.http.port:
+        http = msgspec.structs.replace(settings.http, port=port)
+        settings = msgspec.structs.replace(settings, http=http)
+    return settings
+
+
+def _demo_through_kafka(settings: Settings, args: argparse.Namespace, stop: Any) -> Any:
+    """``demo --kafka``: the simulator produces to the topics on a thread while
+    ``evaluator run``'s loop consumes them; returns the simulator (its ground truth)."""
+    import threading
+
+    from evaluator.adapters.kafka import KafkaSink
+    from evaluator.app.demo import build_memory_store, sim_config
+    from evaluator.app.run import build_store, run
+    from evaluator.app.simulate import simulate
+    from evaluator.core.simulator import Simulator
+    from evaluator.engine.ports import StateStore
+
+    config = sim_config(settings, args.seed, args.rate, args.speed)
+    holder: list[Simulator] = []
+
+    def produce() -> None:
+        while not stop.is_set():  # the broker may come up after the demo
+            try:
+                sink = KafkaSink(settings.kafka)
+                break
+            except ConnectionError as exc:
+                logging.getLogger("evaluator.demo").warning("%s; retrying", exc)
+                stop.wait(2.0)
+        else:
+            return
+        rate = args.rate * 4
+        holder.append(simulate(config, sink, args.requests, rate=rate, stop=stop, progress=False))
+
+    threading.Thread(target=produce, name="simulator", daemon=True).start()
+
+    def make_store(partitions: int) -> StateStore:
+        if args.redis:
+            return build_store(settings, partitions)  # run() retries while unreachable
+        return build_memory_store(settings, partitions)
+
+    run(settings, stop, make_store, truth=lambda: holder[0].truth.as_dict() if holder else {})
+    return holder[0] if holder else Simulator(config)
 
 
 def _wait_for_redis(settings: Settings, partitions: int, stop: Any) -> Any:
