@@ -124,7 +124,14 @@ def test_ab_series_and_bounded_labels(scraped) -> None:
         upper = pick(found, "recsys_eval_ab_ndcg_diff_upper", **s.labels)
         assert lower <= s.value <= upper
     methods = {s.labels["method"] for s in found["recsys_eval_ab_p_value"]}
-    assert methods == {"sequential", "fixed"}
+    assert methods == {"sequential", "holm", "fixed"}
+    by_method: dict[str, dict[tuple, float]] = {}
+    for s in found["recsys_eval_ab_p_value"]:
+        key = tuple(sorted((k, v) for k, v in s.labels.items() if k != "method"))
+        by_method.setdefault(s.labels["method"], {})[key] = s.value
+    # two arms (B, C) against A: Holm's value is never below the arm's own
+    assert by_method["holm"].keys() == by_method["sequential"].keys()
+    assert all(by_method["holm"][k] >= p for k, p in by_method["sequential"].items())
     assert {s.labels["experiment"] for s in found["recsys_eval_srm_p_value"]} == {"ranker"}
     assert all(0 <= s.value <= 1 for s in found["recsys_eval_srm_p_value"])
     assert all(s.value == 1.0 for s in found["recsys_eval_ab_ready"])

@@ -118,6 +118,7 @@ def ab_json(readouts: list[ExperimentReadout]) -> dict[str, Any]:
                     "lower": _num(c.lower),
                     "upper": _num(c.upper),
                     "p_sequential": _num(c.p_sequential),
+                    "p_holm": _num(c.p_holm),
                     "p_fixed": _num(c.p_fixed),
                     "ready": c.ready,
                     "reason": c.reason,

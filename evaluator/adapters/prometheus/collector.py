@@ -138,6 +138,7 @@ def _experiment(fam: Families, readout: ExperimentReadout) -> None:
             fam.add("recsys_eval_ab_ndcg_lift" + suffix, labels, lifted)
         fam.add("recsys_eval_ab_p_value", {**labels, "method": "sequential"}, c.p_sequential)
         fam.add("recsys_eval_ab_p_value", {**labels, "method": "fixed"}, c.p_fixed)
+        fam.add("recsys_eval_ab_p_value", {**labels, "method": "holm"}, c.p_holm)
         if c.variant not in ready:
             ready.add(c.variant)
             fam.add(

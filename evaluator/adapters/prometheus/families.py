@@ -129,7 +129,8 @@ def new_families() -> Families:
         )
     spec["recsys_eval_ab_p_value"] = (
         "p-value of variant vs control since the experiment's start (method: sequential "
-        "is always valid; fixed only for a single look).",
+        "is always valid; holm is the sequential one adjusted for the experiment's arms, "
+        "the one to watch with several; fixed is valid for a single look only).",
         [*ab, "method"],
     )
     for metric in REGISTRY:  # the ranking metrics' window means

@@ -125,7 +125,7 @@ class DashboardHistory:
             if c.k != int(self.k) or c.adjusted != "false":
                 continue
             key = f"{readout.name}: {c.variant} - {c.control}"
-            parts = {"diff": c.diff, "lower": c.lower, "upper": c.upper, "p": c.p_sequential}
+            parts = {"diff": c.diff, "lower": c.lower, "upper": c.upper, "p": c.p_holm}
             for part, value in parts.items():
                 if math.isfinite(value):
                     snap["ab"].setdefault(key, {})[part] = value

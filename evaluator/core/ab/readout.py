@@ -19,6 +19,7 @@ over engaged requests (``"skip"``).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from evaluator.core.ab.stats import (
     RatioEstimate,
     SequentialTracker,
     fixed_horizon,
+    holm,
     ratio_estimate,
     sequential,
     srm_p_value,
@@ -85,6 +87,9 @@ class Comparison:
     ready: bool
     reason: str
     """Why inference is withheld ("" when ready)."""
+    p_holm: float = math.nan
+    """``p_sequential`` adjusted by Holm over the experiment's arms (same K and metric):
+    the one to watch with several arms against one control."""
 
 
 @dataclass(slots=True)
@@ -162,6 +167,23 @@ def read_experiment(
                     v_est = _estimate(per[variant], col, over)
                     key = (experiment.name, variant, control, str(k), adjusted)
                     out.comparisons.append(_compare(key, (c_est, v_est), rules, tracker, reason))
+    out.comparisons = _with_holm(out.comparisons, len(others))
+    return out
+
+
+def _with_holm(comparisons: list[Comparison], arms: int) -> list[Comparison]:
+    """Each comparison with its Holm-adjusted p-value over the ``arms`` compared with
+    the control for the same K and metric (an arm without data or inference yet counts
+    as p = 1: the family is every arm of the experiment)."""
+    families: dict[tuple[int, str], list[int]] = {}
+    for i, c in enumerate(comparisons):
+        families.setdefault((c.k, c.adjusted), []).append(i)
+    out = list(comparisons)
+    for members in families.values():
+        p = [comparisons[i].p_sequential for i in members]
+        p += [math.nan] * (arms - len(p))  # arms with no block yet
+        for i, adjusted in zip(members, holm(p), strict=False):
+            out[i] = dataclasses.replace(comparisons[i], p_holm=adjusted)
     return out
 
 

@@ -271,6 +271,23 @@ def srm_sequential_p_value(
     return 1.0 if log_bf <= 0 else math.exp(-log_bf)
 
 
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjustment (Holm 1979): family-wise error control over the
+    hypotheses, under any dependence between them. Each input is a valid p-value at
+    the moment it is read (an always-valid one stays so at any look), so the adjusted
+    values are too. A NaN (no inference yet) counts as 1 among the hypotheses and
+    stays NaN."""
+    m = len(p_values)
+    filled = [1.0 if math.isnan(p) else p for p in p_values]
+    order = sorted(range(m), key=filled.__getitem__)
+    adjusted = [math.nan] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * filled[i]))
+        adjusted[i] = running
+    return [math.nan if math.isnan(p) else a for p, a in zip(p_values, adjusted, strict=True)]
+
+
 def _chi2_sf(x: float, dof: int) -> float:
     """Upper tail of the chi-square distribution (regularised incomplete gamma, series)."""
     if x <= 0:
