@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from evaluator.config import ConfigError, KafkaSettings
+from evaluator.core.timeutil import parse_duration_ms
 from evaluator.engine.batches import Kind, Rejected
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,20 @@ class TopicAdmin(Protocol):
     def max_message_bytes(self, topics: list[str]) -> dict[str, int]:
         """Each described topic's ``max.message.bytes``; topics not described are left out."""
         ...
+
+
+def security_options(settings: KafkaSettings, names: tuple[str, ...]) -> dict[str, object]:
+    """The security settings under a client's own option names: (protocol, SASL
+    mechanism, username, password, CA file)."""
+    protocol, mechanism, username, password, cafile = names
+    out: dict[str, object] = {protocol: settings.security_protocol}
+    if settings.sasl_mechanism:
+        out[mechanism] = settings.sasl_mechanism
+        out[username] = settings.sasl_username
+        out[password] = settings.sasl_password
+    if settings.ssl_cafile:
+        out[cafile] = settings.ssl_cafile
+    return out
 
 
 def input_kinds(settings: KafkaSettings) -> dict[str, Kind]:
@@ -147,3 +163,50 @@ def dead_letter_record(bad: Rejected, topic: str) -> tuple[bytes, list[tuple[str
     if len(bad.payload) > DEAD_LETTER_BYTES:
         headers.append(("truncated_from", str(len(bad.payload)).encode()))
     return bad.payload[:DEAD_LETTER_BYTES], headers
+
+
+class KafkaSourceBase:
+    """What both Kafka sources set up the same way: the settings, the group callbacks,
+    the input kinds, the rebalancing clock and the start-up checks. A client's source
+    opens its consumer and topic admin in :meth:`_open`."""
+
+    topics: TopicAdmin
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        poll_timeout_ms: int,
+        on_assign: Callable[[list[str]], None] = lambda names: None,
+        on_claim: Callable[[list[int]], dict[int, dict[str, int]]] = lambda numbers: {},
+        on_revoke: Callable[[list[int]], None] = lambda numbers: None,
+    ) -> None:
+        """``on_claim``: partition numbers newly assigned -> the offsets (per kind) to
+        resume each at; ``on_revoke``: partition numbers taken away."""
+        self.settings = settings
+        self.poll_timeout_ms = poll_timeout_ms
+        self.session_timeout_s = parse_duration_ms(settings.session_timeout) / 1000.0
+        self.dead_letters = bool(settings.dlq_suffix)
+        self.on_assign, self.on_claim, self.on_revoke = on_assign, on_claim, on_revoke
+        self.kinds: dict[str, Kind] = input_kinds(settings)
+        self.awaiting_since: float | None = time.monotonic()
+        """When the group started (re)balancing without an assignment yet; None when settled."""
+        self._ends_at_ms = 0
+        """When (wall clock ms) the last :meth:`refresh_ends` found the end offsets."""
+        self._forward_bytes = MESSAGE_BYTES
+        """The producer's largest request: what the repartition topic takes."""
+        self._open()
+        await_metadata(self.topics, [settings.impressions_topic, settings.interactions_topic], 30.0)
+
+    def _open(self) -> None:
+        """Create the consumer and ``self.topics`` (a retry cannot help a refusal here:
+        raise ConfigError)."""
+        raise NotImplementedError
+
+    def partition_count(self) -> int:
+        """The topics' common partition count; a ConfigError (one line at start-up)
+        when they differ. Creates the internal topics that are missing
+        (:func:`start_up_topics`)."""
+        n, self._forward_bytes = start_up_topics(
+            self.settings, self.topics, "repartition" in self.kinds.values()
+        )
+        return n

@@ -34,16 +34,10 @@ from evaluator.adapters.confluent.topics import (
     options,
     produce,
 )
-from evaluator.adapters.topics import (
-    MESSAGE_BYTES,
-    await_metadata,
-    dead_letter_record,
-    input_kinds,
-    start_up_topics,
-)
-from evaluator.config import ConfigError, KafkaSettings
+from evaluator.adapters.topics import KafkaSourceBase, dead_letter_record
+from evaluator.config import ConfigError
 from evaluator.core.timeutil import parse_duration_ms
-from evaluator.engine.batches import Kind, PartitionBatch, Rejected
+from evaluator.engine.batches import PartitionBatch, Rejected
 from evaluator.engine.routing import Forwarded
 
 log = logging.getLogger(__name__)
@@ -52,23 +46,11 @@ _TOO_LARGE = {KafkaError.MSG_SIZE_TOO_LARGE}
 """Refusals that no retry can overcome (the producer's own check, or the broker's)."""
 
 
-class ConfluentSource:
+class ConfluentSource(KafkaSourceBase):
     """Polls batches per partition, dead-letters invalid messages, commits on request."""
 
-    def __init__(
-        self,
-        settings: KafkaSettings,
-        poll_timeout_ms: int,
-        on_assign: Callable[[list[str]], None] = lambda names: None,
-        on_claim: Callable[[list[int]], dict[int, dict[str, int]]] = lambda numbers: {},
-        on_revoke: Callable[[list[int]], None] = lambda numbers: None,
-    ) -> None:
-        self.settings = settings
-        self.poll_timeout_s = poll_timeout_ms / 1000.0
-        self.session_timeout_s = parse_duration_ms(settings.session_timeout) / 1000.0
-        self.dead_letters = bool(settings.dlq_suffix)
-        self.on_assign, self.on_claim, self.on_revoke = on_assign, on_claim, on_revoke
-        self.kinds: dict[str, Kind] = input_kinds(settings)
+    def _open(self) -> None:
+        settings = self.settings
         session_ms = parse_duration_ms(settings.session_timeout)
         try:
             self.consumer = Consumer(
@@ -90,25 +72,13 @@ class ConfluentSource:
         except KafkaException as exc:  # a retry cannot help: one line, exit 2
             raise ConfigError(f"kafka: {exc}") from None
         self.topics = ConfluentTopics(settings)
-        self.awaiting_since: float | None = time.monotonic()
-        """When the group started (re)balancing without an assignment yet; None when settled."""
         self._position: dict[tuple[str, int], int] = {}
         """Next offset to read per assigned (topic, partition), as far as this member knows."""
         self._origin: dict[tuple[str, int], int] = {}
         """With ``latest``: where this member started an input never checkpointed."""
         self._ends: dict[tuple[str, int], int] = {}
-        self._ends_at_ms = 0
         self._producer: Producer | None = None
-        self._forward_bytes = MESSAGE_BYTES
         self._admin: AdminClient | None = None
-        await_metadata(self.topics, [settings.impressions_topic, settings.interactions_topic], 30.0)
-
-    def partition_count(self) -> int:
-        """The topics' common partition count (see the kafka-python source)."""
-        n, self._forward_bytes = start_up_topics(
-            self.settings, self.topics, "repartition" in self.kinds.values()
-        )
-        return n
 
     # -- the group -------------------------------------------------------------------
 
@@ -181,7 +151,7 @@ class ConfluentSource:
     def poll(self) -> list[PartitionBatch]:
         """One poll: at most ``max_poll_records`` messages, grouped by partition."""
         messages = self.consumer.consume(
-            num_messages=self.settings.max_poll_records, timeout=self.poll_timeout_s
+            num_messages=self.settings.max_poll_records, timeout=self.poll_timeout_ms / 1000.0
         )
         grouped: dict[tuple[str, int], list[Message]] = {}
         for m in messages:

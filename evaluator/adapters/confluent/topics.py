@@ -12,6 +12,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
 from confluent_kafka.cimpl import NewTopic
 
+from evaluator.adapters.topics import security_options
 from evaluator.config import ConfigError, KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -22,18 +23,12 @@ SEND_TIMEOUT_S = 30.0
 
 def options(settings: KafkaSettings) -> dict[str, Any]:
     """Bootstrap servers, client id and security, in librdkafka's names."""
-    out: dict[str, Any] = {
+    names = ("security.protocol", "sasl.mechanism", "sasl.username", "sasl.password")
+    return {
         "bootstrap.servers": settings.bootstrap_servers,
         "client.id": settings.client_id,
-        "security.protocol": settings.security_protocol,
+        **security_options(settings, (*names, "ssl.ca.location")),
     }
-    if settings.sasl_mechanism:
-        out["sasl.mechanism"] = settings.sasl_mechanism
-        out["sasl.username"] = settings.sasl_username
-        out["sasl.password"] = settings.sasl_password
-    if settings.ssl_cafile:
-        out["ssl.ca.location"] = settings.ssl_cafile
-    return out
 
 
 class ConfluentTopics:

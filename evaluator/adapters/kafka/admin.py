@@ -12,20 +12,22 @@ from kafka import KafkaConsumer
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
+from evaluator.adapters.topics import security_options
 from evaluator.config import ConfigError, KafkaSettings
 
 log = logging.getLogger(__name__)
 
 
 def security(settings: KafkaSettings) -> dict[str, Any]:
-    options: dict[str, Any] = {"security_protocol": settings.security_protocol}
-    if settings.sasl_mechanism:
-        options["sasl_mechanism"] = settings.sasl_mechanism
-        options["sasl_plain_username"] = settings.sasl_username
-        options["sasl_plain_password"] = settings.sasl_password
-    if settings.ssl_cafile:
-        options["ssl_cafile"] = settings.ssl_cafile
-    return options
+    """kafka-python's security options."""
+    names = (
+        "security_protocol",
+        "sasl_mechanism",
+        "sasl_plain_username",
+        "sasl_plain_password",
+        "ssl_cafile",
+    )
+    return security_options(settings, names)
 
 
 def resolvable(bootstrap_servers: str) -> None:

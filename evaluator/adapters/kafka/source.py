@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
@@ -23,14 +23,8 @@ from kafka.structs import OffsetAndMetadata
 
 from evaluator.adapters.kafka.admin import KafkaPythonTopics, resolvable, security
 from evaluator.adapters.kafka.sink import SEND_TIMEOUT_S, acknowledged, make_producer
-from evaluator.adapters.topics import (
-    MESSAGE_BYTES,
-    await_metadata,
-    dead_letter_record,
-    input_kinds,
-    start_up_topics,
-)
-from evaluator.config import ConfigError, KafkaSettings
+from evaluator.adapters.topics import KafkaSourceBase, dead_letter_record
+from evaluator.config import ConfigError
 from evaluator.core.timeutil import parse_duration_ms
 from evaluator.engine.batches import Kind, PartitionBatch, Rejected
 from evaluator.engine.routing import Forwarded
@@ -66,27 +60,11 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         self.source.seek(resume)
 
 
-class KafkaSource:
+class KafkaSource(KafkaSourceBase):
     """Polls batches per partition, dead-letters invalid messages, commits on request."""
 
-    def __init__(
-        self,
-        settings: KafkaSettings,
-        poll_timeout_ms: int,
-        on_assign: Callable[[list[str]], None] = lambda names: None,
-        on_claim: Callable[[list[int]], dict[int, dict[str, int]]] = lambda numbers: {},
-        on_revoke: Callable[[list[int]], None] = lambda numbers: None,
-    ) -> None:
-        """``on_claim``: partition numbers newly assigned -> the offsets (per kind) to
-        resume each at; ``on_revoke``: partition numbers taken away."""
-        self.settings = settings
-        self.poll_timeout_ms = poll_timeout_ms
-        self.session_timeout_s = parse_duration_ms(settings.session_timeout) / 1000.0
-        self.dead_letters = bool(settings.dlq_suffix)
-        self.on_assign = on_assign
-        self.on_claim = on_claim
-        self.on_revoke = on_revoke
-        self.kinds: dict[str, Kind] = input_kinds(settings)
+    def _open(self) -> None:
+        settings = self.settings
         resolvable(settings.bootstrap_servers)
         try:
             self.consumer = KafkaConsumer(
@@ -108,30 +86,15 @@ class KafkaSource:
             )
         except KafkaConfigurationError as exc:  # a retry cannot help: one line, exit 2
             raise ConfigError(f"kafka: {exc}") from None
-        self.awaiting_since: float | None = time.monotonic()
-        """When the group started (re)balancing without an assignment yet; None when settled."""
         self._ends: dict[TopicPartition, int] = {}
-        """End offsets found by the last :meth:`refresh_ends`, and when (wall clock ms)."""
-        self._ends_at_ms = 0
+        """End offsets found by the last :meth:`refresh_ends`."""
         self.topics = KafkaPythonTopics(settings, self.consumer)
-        await_metadata(self.topics, [settings.impressions_topic, settings.interactions_topic], 30.0)
         self._producer: KafkaProducer | None = None
-        self._forward_bytes = MESSAGE_BYTES
-        """The producer's largest request: what the repartition topic takes."""
         self._offsets: KafkaConsumer | None = None
         self._origin: dict[TopicPartition, int] = {}
         """With ``latest``: where this member started an input never checkpointed."""
         self._unplaced: set[TopicPartition] = set()
         """Such inputs whose starting position is still to be found."""
-
-    def partition_count(self) -> int:
-        """The topics' common partition count; a ConfigError (one line at start-up)
-        when they differ. Creates the internal topics that are missing
-        (:func:`evaluator.adapters.topics.start_up_topics`)."""
-        n, self._forward_bytes = start_up_topics(
-            self.settings, self.topics, "repartition" in self.kinds.values()
-        )
-        return n
 
     def forward(self, forwarded: Sequence[Forwarded]) -> list[Forwarded]:
         """Send events to their user's partition of the repartition topic, durably
