@@ -18,7 +18,6 @@ from evaluator.core.decode import decode_impressions, decode_interactions
 from evaluator.core.finalise import Finalised
 from evaluator.engine.partition import PartitionEngine
 from evaluator.engine.plan import EngineConfig
-from evaluator.engine.records import SharedStrings
 from evaluator.engine.restore import restore_state
 from evaluator.engine.state import PartitionState
 from tests.eventgen import EventSet, generate
@@ -582,10 +581,11 @@ def test_engine_and_replay_deduplicate_impressions_by_request_id(tmp_path) -> No
     assert sum(v["requests"] for v in report["variants"].values()) == len(requests)
 
 
-def test_open_requests_share_equal_item_ids_and_attribute_values() -> None:
-    """Decoding gives every impression strings of its own; an open request keeps one
-    object per distinct item id and attribute value (they repeat across requests and
-    are most of its memory), also when loaded from the changelog, within a bound."""
+def test_open_requests_keep_each_item_id_and_attribute_value_once() -> None:
+    """Decoding gives every impression strings of its own; the open requests keep one
+    code per distinct item id and attribute value (they repeat across requests and are
+    most of a request's memory), so the requests made of them share one object each,
+    also when loaded from the changelog."""
     settings = load_settings(environ={})
     config = engine_config(settings)
     events = [
@@ -606,14 +606,14 @@ def test_open_requests_share_equal_item_ids_and_attribute_values() -> None:
     assert first.items == second.items == ("item-x", "item-y")
     assert all(a is b for a, b in zip(first.items, second.items, strict=True))
     assert first.attributes[0] is first.attributes[1] is second.attributes[1]
-    assert first.shadow is first.interactions is second.shadow == ()  # no empty list each
+    assert first.shadow == first.interactions == ()
+    # item ids, the attribute value, the variant and the empty context: one entry each
+    assert len(engine.state.requests.book) == 5
     changelog: dict[str, bytes] = {}
     apply_changes(changelog, engine.take()[0])
     state = restore_state(changelog.items(), config.finalise.deadline, config.history_cap)
-    assert state.requests["q0"].items[0] is first.items[0]
-    bounded = SharedStrings(limit=2)
-    assert bounded(["a", "b"]) == ("a", "b") and len(bounded) == 2
-    assert bounded(["c"]) == ("c",) and len(bounded) == 1  # started afresh at the bound
+    assert state.requests == engine.state.requests
+    assert len(state.requests.book) == 5
 
 
 def test_a_request_less_interaction_counts_once_even_for_a_late_impression() -> None:

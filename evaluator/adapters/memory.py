@@ -77,11 +77,13 @@ class MemoryStore:
         self,
         finalised: Finalised,
         i: int,
+        shown: Sequence[str],
+        *,
         shard: int,
         observed: dict[int, list[Observation]],
         written: dict[int, int],
     ) -> None:
-        """Add request ``i``'s row to its window blocks (in ``shard``), its items to the
+        """Add request ``i``'s row to its window blocks (in ``shard``), its items (``shown``) to the
         coverage sets and its observation to ``observed`` (by day); ``written``: the
         oldest bucket start written per window."""
         layout = self.layout
@@ -98,10 +100,10 @@ class MemoryStore:
             block[cohort, local] += finalised.rows[i]
             for k in layout.ks:
                 key = (window, start, request.variant, k)
-                self._items.setdefault(key, set()).update(request.items[:k])
+                self._items.setdefault(key, set()).update(shown[:k])
             if window == max(layout.windows_ms):
                 key = (window, start, "*", 0)
-                self._items.setdefault(key, set()).update(request.items)
+                self._items.setdefault(key, set()).update(shown)
         if finalised.observations:
             day = counter_day(int(finalised.deadline_ms[i]))
             observed.setdefault(day, []).append(finalised.observations[i])
@@ -153,8 +155,11 @@ class MemoryStore:
                 found = self._experiments.get((key, partition))
                 self._experiments[(key, partition)] = block if found is None else found + block
             for done in delta.finalised:
+                shown = done.shown()
                 for i in range(len(done.requests)):
-                    self._aggregate(done, i, partition, observed, written)
+                    self._aggregate(
+                        done, i, shown[i], shard=partition, observed=observed, written=written
+                    )
                 self._add_propensity(observed, done.propensity_positions)
                 observed = {}
             self._prune(partition, written)

@@ -13,13 +13,14 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from evaluator.core.cohort import cohort_codes, earlier_counts
 from evaluator.core.join import (
+    ItemKey,
     JoinOutcome,
     JoinRules,
     UserImpressions,
@@ -46,7 +47,7 @@ class PendingInteraction(NamedTuple):
     """A stored interaction waiting for its request(s) to finalise."""
 
     event_id: str
-    item_id: str
+    item_id: ItemKey
     timestamp_ms: int
     grade: float
 
@@ -59,14 +60,15 @@ class OpenRequest:
     user_id: str
     variant: str
     timestamp_ms: int
-    items: Sequence[str]
+    items: Sequence[ItemKey]
+    """Item ids, or their codes in the partition's codebook (see :class:`Finalised`)."""
     interactions: Sequence[PendingInteraction] = ()
     """Set when the request is closed; the shared empty tuple until then (no empty
     list per open request: a lot of them are held)."""
-    attributes: Sequence[str] = ()
+    attributes: Sequence[ItemKey] = ()
     """Values of the diversity attribute, parallel to ``items`` (may be empty)."""
     shadow_variant: str = ""
-    shadow: Sequence[str] = ()
+    shadow: Sequence[ItemKey] = ()
     """The ranking ``shadow_variant`` would have shown (empty: none)."""
     context: str = ""
     randomization: tuple[str, int] | None = None
@@ -107,6 +109,23 @@ class Finalised:
     experiment_rows: dict[str, npt.NDArray[np.intp]] = field(default_factory=dict)
     """Per experiment, the rows that count for its cumulative statistics (see
     :mod:`evaluator.core.experiments`); set by the engine."""
+    names: Sequence[str] | None = None
+    """The strings the requests' items are codes of (the partition's codebook, which
+    the join and scores need not read); None: they are item ids."""
+
+    def shown(self) -> list[Sequence[str]]:
+        """Each request's item ids (what coverage counts)."""
+        names = self.names
+        if names is None:
+            return [cast("Sequence[str]", r.items) for r in self.requests]
+        decode = names.__getitem__
+        return [list(map(decode, cast("Sequence[int]", r.items))) for r in self.requests]
+
+    def ids(self, items: Sequence[ItemKey]) -> list[str]:
+        """Item ids of the requests' items (codes are decoded)."""
+        if self.names is None:
+            return list(cast("Sequence[str]", items))
+        return list(map(self.names.__getitem__, cast("Sequence[int]", items)))
 
 
 def deadline_ms(impression_ms: int, rules: JoinRules, allowed_lateness_ms: int) -> int:
@@ -134,7 +153,7 @@ class Attributed(NamedTuple):
 
 def attribute_named(
     request_ms: I64,
-    request_items: Sequence[Sequence[str]],
+    request_items: Sequence[Sequence[ItemKey]],
     interactions: NamedInteractions,
     rules: JoinRules,
     outcomes: Counter[str],
@@ -190,7 +209,7 @@ class NamedInteractions(NamedTuple):
     """Interactions naming a request, as columns (``row``: the request's row)."""
 
     row: Sequence[int]
-    item: Sequence[str]
+    item: Sequence[ItemKey]
     ms: I64
     grade: FloatArray
 
@@ -200,7 +219,7 @@ class LooseInteractions(NamedTuple):
     :class:`~evaluator.core.join.UserImpressions` they are joined against)."""
 
     user: I64
-    item: Sequence[str]
+    item: Sequence[ItemKey]
     ms: I64
     grade: FloatArray
 
@@ -284,6 +303,8 @@ def finalise(
     config: FinaliseConfig,
     partition: int | None = None,
     history: History | None = None,
+    *,
+    names: Sequence[str] | None = None,
 ) -> Finalised:
     """Score due requests; the caller adds the rows to the window buckets atomically.
 
@@ -291,7 +312,8 @@ def finalise(
     ``history``: their cold-start histories (None: none).
 
     ``partition``: the requests belong to that partition's shard (the partition-owned
-    engine); None: users are spread over shards by hash (the shared-state pipeline)."""
+    engine); None: users are spread over shards by hash (the shared-state pipeline).
+    ``names``: the items (of requests and interactions) are codes of these strings."""
     rules, layout = config.rules, config.layout
     outcomes: Counter[str] = Counter()
     impression_ms = np.fromiter(
@@ -315,7 +337,7 @@ def finalise(
     overlap = np.array(
         [rbo(r.items, r.shadow, config.rbo_p) if r.shadow else np.nan for r in requests]
     )
-    return Finalised(
+    done = Finalised(
         requests,
         contribution_rows(scores, diversity, overlap, layout.schema),
         cohort,
@@ -324,17 +346,18 @@ def finalise(
         else partition_user_buckets(user_ids, layout, partition),
         deadlines,
         outcomes,
-        observations(
+        propensity_positions=config.propensity_positions,
+        loose_taken=taken,
+        names=names,
+    )
+    if config.propensity_positions:
+        done.observations = observations(
             [r.context for r in requests],
-            [r.items for r in requests],
+            done.shown(),
             [r.randomization for r in requests],
             attributed,
         )
-        if config.propensity_positions
-        else [],
-        config.propensity_positions,
-        loose_taken=taken,
-    )
+    return done
 
 
 def observations(

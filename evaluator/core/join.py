@@ -24,6 +24,9 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+ItemKey = str | int
+"""An item id, or its code in a partition's codebook: the join only compares them."""
+
 
 @dataclass(frozen=True, slots=True)
 class JoinRules:
@@ -87,11 +90,11 @@ OUTCOME_CODES: tuple[JoinOutcome, ...] = (
 
 
 def join_by_request_batch(
-    item_ids: Sequence[str],
+    item_ids: Sequence[ItemKey],
     interaction_ms: npt.NDArray[np.int64],
     rows: Sequence[int],
     impression_ms: npt.NDArray[np.int64],
-    lists: Sequence[Sequence[str]],
+    lists: Sequence[Sequence[ItemKey]],
     *,
     rules: JoinRules,
 ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.int64]]:
@@ -156,10 +159,10 @@ def count_outcomes(codes: npt.NDArray[np.int8], outcomes: Counter[str]) -> None:
 
 
 def join_by_user(
-    item_id: str,
+    item_id: ItemKey,
     interaction_ms: int,
     timestamps: Sequence[int],
-    lists: Sequence[Sequence[str]],
+    lists: Sequence[Sequence[ItemKey]],
     rules: JoinRules,
 ) -> tuple[JoinOutcome, int, int]:
     """Join to the user's most recent impression that showed the item in the window.
@@ -200,11 +203,11 @@ class UserImpressions(NamedTuple):
 
     user: npt.NDArray[np.int64]
     ms: npt.NDArray[np.int64]
-    lists: Sequence[Sequence[str]]
+    lists: Sequence[Sequence[ItemKey]]
 
 
 def join_by_user_batch(
-    item_ids: Sequence[str],
+    item_ids: Sequence[ItemKey],
     interaction_ms: npt.NDArray[np.int64],
     interaction_user: npt.NDArray[np.int64],
     impressions: UserImpressions,
@@ -258,7 +261,7 @@ def join_by_user_batch(
 
 
 def join_by_user_each(
-    item_ids: Sequence[str],
+    item_ids: Sequence[ItemKey],
     interaction_ms: npt.NDArray[np.int64],
     interaction_user: npt.NDArray[np.int64],
     impressions: UserImpressions,

@@ -120,7 +120,7 @@ def coverage_updates(
     requests = finalised.requests
     lists = [r.items for r in requests]
     lengths = np.fromiter(map(len, lists), dtype=np.intp, count=len(lists))
-    items = list(chain.from_iterable(lists))
+    items = finalised.ids(list(chain.from_iterable(lists)))
     row = np.repeat(np.arange(len(lists)), lengths)
     rank = np.arange(len(items)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     ks = sorted(layout.ks)

@@ -13,10 +13,10 @@ Pure: no I/O, no clock of its own.
 
 from __future__ import annotations
 
-import heapq
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +34,8 @@ from evaluator.core.finalise import (
 )
 from evaluator.core.join import UserImpressions, user_order
 from evaluator.engine.plan import EngineConfig
-from evaluator.engine.state import Changes, PartitionState, open_request
+from evaluator.engine.records import impression_row
+from evaluator.engine.state import Changes, PartitionState
 
 HOLD_MS = -(2**61)
 """A limit at or below this holds the watermark where it is (None stays None)."""
@@ -105,7 +106,7 @@ class PartitionEngine:
 
     def _ingest_impressions(self, impressions: ImpressionBatch) -> None:
         state, counts = self.state, self.counts
-        requests, markers = state.requests, state.markers
+        markers = state.markers
         final = markers.final
         delay = self.config.finalise.deadline(0)  # a constant delay after each impression
         attribute, shadow_of = self.config.attribute, self.config.shadow_of
@@ -113,30 +114,32 @@ class PartitionEngine:
         # time, which survives reloads) count nobody again
         data_ms = self.data_time_ms()
         experiments = [e for e in self.config.experiments if not self._over(e, data_ms)]
-        fresh: list[OpenRequest] = []
-        for event, ts in zip(impressions.events, impressions.timestamp_ms, strict=True):
+        events = impressions.events
+        already = state.requests.contains([e.request_id for e in events])
+        fresh: dict[str, tuple[Any, ...]] = {}
+        for event, ts, known in zip(events, impressions.timestamp_ms, already, strict=True):
             rid = event.request_id
-            if rid in requests or (rid in final and markers.deadline(rid) is not None):
+            if known or rid in fresh or (rid in final and markers.deadline(rid) is not None):
                 counts.duplicates += 1
                 continue
-            request = open_request(event, ts, attribute, shadow_of)
-            requests[rid] = request  # a repeat later in this batch is a duplicate
-            fresh.append(request)
+            fresh[rid] = impression_row(event, ts, attribute, shadow_of)
             for experiment in experiments:
                 if experiment.includes(event.variant, ts) and state.expose(
                     experiment.name + SEP + event.user_id, event.variant, ts
                 ):
                     counts.exposures[experiment.name + SEP + event.variant] += 1
-        state.add_requests(fresh, delay)
+        state.add_requests(list(fresh.values()), delay)
 
     def _ingest_interactions(self, interactions: InteractionBatch) -> None:
         state, counts = self.state, self.counts
         named_rid, seen, users, markers = state.named_rid, state.seen, state.users, state.markers
         final, applied = markers.final, markers.applied
         loose_late_before = self._loose_late_before()
-        for it, ts, grade in zip(
-            interactions.events, interactions.timestamp_ms, interactions.grade, strict=True
-        ):
+        events = interactions.events
+        named_ids = list(dict.fromkeys(it.request_id for it in events if it.request_id))
+        is_open = dict(zip(named_ids, state.requests.contains(named_ids), strict=True))
+        times, grades = interactions.timestamp_ms, interactions.grade
+        for it, ts, grade in zip(events, times, grades, strict=True):
             eid = it.event_id
             if eid in named_rid or eid in seen:
                 counts.duplicates += 1
@@ -151,7 +154,9 @@ class PartitionEngine:
             if named:
                 deadline = markers.deadline(named) if named in final else None
                 if deadline is None:
-                    state.add_named(named, PendingInteraction(eid, it.item_id, ts, grade))
+                    state.add_named(
+                        named, PendingInteraction(eid, it.item_id, ts, grade), is_open[named]
+                    )
                     continue
                 ids = applied.get(named, ())
                 if eid in ids:
@@ -233,7 +238,7 @@ class PartitionEngine:
         """Open requests whose deadline the watermark has passed."""
         if self.watermark_ms is None:
             return 0
-        return sum(1 for d, rid in self.state.deadlines if d <= self.watermark_ms)
+        return self.state.requests.count_due(self.watermark_ms - self.config.finalise.deadline(0))
 
     def finalise_due(self, configure: Configure | None = None) -> list[Finalised]:
         """Finalise every open request whose deadline the watermark has passed, then
@@ -242,19 +247,18 @@ class PartitionEngine:
         if watermark is None:
             return []
         state = self.state
-        due: list[OpenRequest] = []
-        heap = state.deadlines
-        while heap and heap[0][0] <= watermark:
-            _, rid = heapq.heappop(heap)
-            if rid in state.requests:
-                due.append(state.requests[rid])
+        table = state.requests
+        # items as codes: the join and the scores compare them, coverage decodes them
+        due = table.due(watermark - self.config.finalise.deadline(0), coded=True)
         out: list[Finalised] = []
         if due:
             joined, history, loose_of = self._contexts(due)
             groups = configure(due) if configure else [(self.config.finalise, due)]
             for config, group in groups:
                 loaded = [self._with_named(r) for r in group]
-                done = finalise(loaded, joined, config, self.partition, history)
+                done = finalise(
+                    loaded, joined, config, self.partition, history, names=table.book.strings
+                )
                 self.counts.outcomes.update(done.outcomes)
                 done.experiment_rows = experiment_rows(self.config.experiments, done.requests)
                 out.append(done)
@@ -304,7 +308,14 @@ class PartitionEngine:
         """The request with the interactions that named it (it is being closed: its
         record is not copied, and the interactions are not part of its changelog value)."""
         waiting = self.state.named.get(request.request_id)
-        request.interactions = list(waiting.values()) if waiting else []
+        if not waiting:
+            request.interactions = []
+            return request
+        code = self.state.requests.book.codes.get
+        request.interactions = [
+            PendingInteraction(it.event_id, code(it.item_id, -1), it.timestamp_ms, it.grade)  # type: ignore[arg-type]
+            for it in waiting.values()
+        ]
         return request
 
     def _contexts(
@@ -318,9 +329,6 @@ class PartitionEngine:
         codes = {uid: code for code, uid in enumerate(dict.fromkeys([r.user_id for r in due]))}
         history_user: list[int] = []
         history_ms: list[int] = []
-        imp_user: list[int] = []
-        imp_ms: list[int] = []
-        imp_ids: list[str] = []
         loose: list[PendingInteraction] = []
         loose_user: list[int] = []
         loose_of: list[tuple[str, PendingInteraction]] = []
@@ -331,13 +339,13 @@ class PartitionEngine:
                 history_user += [code] * len(user.history)
                 history_ms += [t for t, _ in user.history]
             if user.loose:  # the user has open requests: some are due
-                imp_user += [code] * len(user.open)
-                imp_ms += user.open.values()
-                imp_ids += user.open.keys()
                 waiting = sorted(user.loose.values())
                 loose += waiting
                 loose_user += [code] * len(waiting)
                 loose_of += [(uid, it) for it in waiting]
+        shown = state.requests.of_users(list(dict.fromkeys(uid for uid, _ in loose_of)))
+        imp_user = [codes[uid] for uid in shown.user]
+        imp_ms, imp_ids = shown.ms, shown.request
         history = History(
             codes, np.array(history_user, dtype=np.int64), np.array(history_ms, dtype=np.int64)
         )
@@ -346,13 +354,11 @@ class PartitionEngine:
         users, times = np.array(imp_user, dtype=np.int64), np.array(imp_ms, dtype=np.int64)
         order = user_order(users, times, imp_ids).tolist()
         ids = [imp_ids[i] for i in order]
-        requests = state.requests
-        impressions = UserImpressions(
-            users[order], times[order], [requests[rid].items for rid in ids]
-        )
+        impressions = UserImpressions(users[order], times[order], [shown.items[i] for i in order])
+        code_of = state.requests.book.codes.get
         interactions = LooseInteractions(
             np.array(loose_user, dtype=np.int64),
-            [it.item_id for it in loose],
+            [code_of(it.item_id, -1) for it in loose],  # type: ignore[arg-type]
             np.fromiter((it.timestamp_ms for it in loose), dtype=np.int64, count=len(loose)),
             np.fromiter((it.grade for it in loose), dtype=np.float64, count=len(loose)),
         )

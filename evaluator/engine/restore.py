@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from evaluator.core.finalise import PendingInteraction
-from evaluator.engine.records import decode, request_of
+from evaluator.engine.records import decode
 from evaluator.engine.state import PartitionState
 
 _decode = decode
@@ -67,15 +67,14 @@ def restore_state(
     state.markers.load(markers, fielded)
     _reopen(state, rows, deadline)
     _rewait(state, waiting, deadline)
-    requests = state.requests
+    rids = list(state.named)
     state.expiry += [  # as :meth:`PartitionState.add_named` keeps them
         (it.timestamp_ms, 3, eid)
-        for rid, pending in state.named.items()
-        if rid not in requests
-        for eid, it in pending.items()
+        for rid, is_open in zip(rids, state.requests.contains(rids), strict=True)
+        if not is_open
+        for eid, it in state.named[rid].items()
     ]
     heapq.heapify(state.segments)
-    heapq.heapify(state.deadlines)
     heapq.heapify(state.expiry)
     heapq.heapify(state.loose_expiry)
     heapq.heapify(state.exposure_expiry)
@@ -120,17 +119,17 @@ def _rewait(
     is open (its finalisation consumes the others). Each segment goes once every
     request it names is final (if none is open, at the next finalisation that moves
     the watermark)."""
-    requests, named, named_rid = state.requests, state.named, state.named_rid
+    named, named_rid = state.named, state.named_rid
     gone = state.finalised_ms if state.finalised_ms is not None else -(2**62)
     for name, rows in segments:
         last = gone
-        for eid, rid, item, ts, grade in rows:
-            request = requests.get(rid)
-            if request is None:
+        times = state.requests.times([row[1] for row in rows])
+        for (eid, rid, item, ts, grade), shown_ms in zip(rows, times, strict=True):
+            if shown_ms is None:
                 continue
             named.setdefault(rid, {})[eid] = PendingInteraction(eid, item, ts, grade)
             named_rid[eid] = rid
-            last = max(last, deadline(request.timestamp_ms))
+            last = max(last, deadline(shown_ms))
         state.segments.append((last, name))
 
 
@@ -141,9 +140,9 @@ def _reopen(state: PartitionState, rows: list[list[Any]], deadline: Any) -> None
     current settings."""
     through = state.finalised_ms
     judged = state.delay_ms if state.judged_delay_ms is None else state.judged_delay_ms
+    reopened: dict[str, list[Any]] = {}
     for row in rows:
         rid, ts = row[0], row[3]
-        d = deadline(ts)
         if rid in state.legacy:
             if rid in state.markers.final:  # its field should have gone with it
                 state.legacy.discard(rid)
@@ -151,6 +150,5 @@ def _reopen(state: PartitionState, rows: list[list[Any]], deadline: Any) -> None
                 continue
         elif (through is not None and ts + judged <= through) or rid in state.markers.final:
             continue
-        state.requests[rid] = request_of(rid, row[1:])
-        state.deadlines.append((d, rid))
-        state.user(row[1]).open[rid] = ts
+        reopened[rid] = row
+    state.requests.append(list(reopened.values()))

@@ -32,11 +32,13 @@ Finalised markers are kept and written by :class:`~evaluator.engine.markers.Mark
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from evaluator.core.finalise import OpenRequest, PendingInteraction
+from evaluator.engine.columns import OpenTable, Row
 from evaluator.engine.markers import Markers
-from evaluator.engine.records import UserState, encode, open_request, request_row
+from evaluator.engine.records import UserState, encode
 
 _encode = encode
 
@@ -54,9 +56,9 @@ class PartitionState:
     """The join state of one partition, recording every change in :attr:`changes`."""
 
     history_cap: int = 3
-    requests: dict[str, OpenRequest] = field(default_factory=dict)
-    deadlines: list[tuple[int, str]] = field(default_factory=list)
-    """Heap of (finalisation deadline, request id); stale entries are skipped."""
+    requests: OpenTable = field(default_factory=OpenTable)
+    """The open requests, as columns (final once the watermark passes their
+    impression time plus :attr:`delay_ms`)."""
     named: dict[str, dict[str, PendingInteraction]] = field(default_factory=dict)
     """Request id -> interactions naming it (the request may not have arrived yet)."""
     named_rid: dict[str, str] = field(default_factory=dict)
@@ -81,8 +83,9 @@ class PartitionState:
     """Changelog fields created since the last flush (absent from the store): deleting
     one drops it from :attr:`changes` instead of sending a deletion, so a request
     opened and finalised between two checkpoints never reaches the store."""
-    fresh: dict[str, OpenRequest] = field(default_factory=dict)
-    """Requests opened since the last flush, encoded only if still open at the flush."""
+    fresh: dict[str, Row] = field(default_factory=dict)
+    """Rows of the requests opened since the last flush, encoded only if still open
+    at the flush."""
     segments: list[tuple[int, str]] = field(default_factory=list)
     """Heap of (largest deadline, field name) of the stored request segments and
     interaction segments (``j:``, by their requests' deadlines): a segment is deleted
@@ -125,20 +128,14 @@ class PartitionState:
             found = self.users[user_id] = UserState()
         return found
 
-    def add_requests(self, requests: list[OpenRequest], delay_ms: int) -> None:
-        """Open requests (already in :attr:`requests`), each final ``delay_ms`` after its
-        impression."""
-        deadlines, fresh, users = self.deadlines, self.fresh, self.users
+    def add_requests(self, rows: list[Row], delay_ms: int) -> None:
+        """Open the requests of changelog rows (none open yet), each final ``delay_ms``
+        after its impression."""
         self.delay_ms = delay_ms
-        push = heapq.heappush
-        for request in requests:
-            rid, ts = request.request_id, request.timestamp_ms
-            push(deadlines, (ts + delay_ms, rid))
-            user = users.get(request.user_id)
-            if user is None:
-                user = users[request.user_id] = UserState()
-            user.open[rid] = ts
-            fresh[rid] = request
+        self.requests.append(rows)
+        fresh = self.fresh
+        for row in rows:
+            fresh[row[0]] = row
 
     def create(self, name: str, value: bytes) -> None:
         """Write a field that the store does not hold unless deleted since the flush."""
@@ -158,11 +155,12 @@ class PartitionState:
         """Write or delete a field (one the store may hold)."""
         self.changes[name] = value
 
-    def add_named(self, rid: str, it: PendingInteraction) -> None:
+    def add_named(self, rid: str, it: PendingInteraction, is_open: bool) -> None:
+        """An interaction naming a request, open (``is_open``) or not (yet)."""
         eid = it.event_id
         self.named.setdefault(rid, {})[eid] = it
         self.named_rid[eid] = rid
-        if rid in self.requests:  # its request's finalisation consumes it: a segment row
+        if is_open:  # its request's finalisation consumes it: a segment row
             self.waiting[eid] = (rid, it)
             return
         heapq.heappush(self.expiry, (it.timestamp_ms, 3, eid))
@@ -233,12 +231,12 @@ class PartitionState:
     def finish(self, requests: list[OpenRequest], deadlines_ms: list[int]) -> None:
         """Close finalised requests: remove each with the interactions that named it,
         and mark it final (its deadline, and the ids of those interactions)."""
-        open_requests, fresh, changes, users = self.requests, self.fresh, self.changes, self.users
+        fresh, changes = self.fresh, self.changes
         named, named_rid, mark = self.named, self.named_rid, self.markers.add
         legacy, unwritten, fielded = self.legacy, self.waiting, self.fielded
+        self.requests.remove([r.request_id for r in requests])
         for request, deadline in zip(requests, deadlines_ms, strict=True):
             rid = request.request_id
-            del open_requests[rid]
             if fresh.pop(rid, None) is None and legacy and rid in legacy:
                 legacy.discard(rid)
                 changes["r:" + rid] = None
@@ -250,10 +248,6 @@ class PartitionState:
                 if unwritten.pop(eid, None) is None and eid in fielded:
                     fielded.discard(eid)
                     self.delete("i:" + eid)
-            user = users.get(request.user_id)
-            if user is not None:
-                user.open.pop(rid, None)
-                self._drop_if_empty(request.user_id, user)
             mark(rid, deadline, applied)
 
     def finalised_through(self, watermark_ms: int) -> None:
@@ -353,22 +347,22 @@ class PartitionState:
         """The requests opened since the last flush: one segment (or several of
         :attr:`segment_rows`), except those already due (opened behind the
         finalisation, not yet finalised), one ``r:`` field each."""
-        fresh = list(self.fresh.values())
+        fresh: Sequence[Row] = list(self.fresh.values())
         delay, through = self.delay_ms, self.finalised_ms
         if through is not None:  # what a new owner would judge final by ``w:`` and ``d:``
             judged = delay if self.judged_delay_ms is None else self.judged_delay_ms
-            behind = [r for r in fresh if r.timestamp_ms + judged <= through]
+            behind = [r for r in fresh if r[3] + judged <= through]
             if behind:
                 for r in behind:
-                    out["r:" + r.request_id] = _encode(request_row(r)[1:])
-                    self.legacy.add(r.request_id)
-                fresh = [r for r in fresh if r.timestamp_ms + judged > through]
+                    out["r:" + r[0]] = _encode(r[1:])
+                    self.legacy.add(r[0])
+                fresh = [r for r in fresh if r[3] + judged > through]
         for start in range(0, len(fresh), self.segment_rows):
             part = fresh[start : start + self.segment_rows]
             name = f"s:{self.next_segment}"
             self.next_segment += 1
-            out[name] = _encode([request_row(r) for r in part])
-            last = max(r.timestamp_ms for r in part) + delay
+            out[name] = _encode(part)
+            last = max(r[3] for r in part) + delay
             heapq.heappush(self.segments, (last, name))
 
     def _write_waiting(self, out: Changes) -> None:
@@ -377,14 +371,16 @@ class PartitionState:
         passed the deadline of every request they name."""
         rows = [(eid, rid, *it[1:]) for eid, (rid, it) in self.waiting.items()]
         self.waiting = {}
-        requests, delay = self.requests, self.delay_ms
+        times = self.requests.times([row[1] for row in rows])  # each still open
+        delay = self.delay_ms
         for start in range(0, len(rows), self.segment_rows):
             part = rows[start : start + self.segment_rows]
             name = f"j:{self.next_interaction_segment}"
             self.next_interaction_segment += 1
             out[name] = _encode(part)
-            last = max(requests[row[1]].timestamp_ms for row in part) + delay
+            last = max(t for t in times[start : start + self.segment_rows] if t is not None)
+            last += delay
             heapq.heappush(self.segments, (last, name))
 
 
-__all__ = ["Changes", "PartitionState", "UserState", "open_request"]
+__all__ = ["Changes", "PartitionState", "UserState"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 
 def jaccard_at_k(a: Sequence[str], b: Sequence[str], k: int) -> float:
@@ -12,7 +12,7 @@ def jaccard_at_k(a: Sequence[str], b: Sequence[str], k: int) -> float:
     return len(top_a & top_b) / len(union) if union else 1.0
 
 
-def rbo(a: Sequence[str], b: Sequence[str], p: float = 0.9) -> float:
+def rbo(a: Sequence[Hashable], b: Sequence[Hashable], p: float = 0.9) -> float:
     """Extrapolated rank-biased overlap (Webber, Moffat & Zobel 2010, eq. 32).
 
     Handles lists of different lengths; identical lists score 1, disjoint ones 0.
@@ -25,8 +25,8 @@ def rbo(a: Sequence[str], b: Sequence[str], p: float = 0.9) -> float:
     s, ln = len(short), len(long_)
     if s == 0:
         return 1.0 if ln == 0 else 0.0
-    seen_s: set[str] = set()
-    seen_l: set[str] = set()
+    seen_s: set[Hashable] = set()
+    seen_l: set[Hashable] = set()
     overlap = 0
     total = 0.0
     x_s = 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -86,7 +86,7 @@ def intra_list_diversity(codes: npt.NDArray[np.int64]) -> FloatArray:
     return out
 
 
-def encode_top(values: Sequence[Sequence[str]], k: int) -> npt.NDArray[np.int64]:
+def encode_top(values: Sequence[Sequence[Hashable]], k: int) -> npt.NDArray[np.int64]:
     """Integer codes of the first ``k`` values of each list, shape ``(lists, min(k, longest
     list))``, ``-1`` padded.
 
@@ -97,7 +97,7 @@ def encode_top(values: Sequence[Sequence[str]], k: int) -> npt.NDArray[np.int64]
     lengths = np.fromiter(map(len, tops), dtype=np.int64, count=len(tops))
     # no column beyond the longest list: memory is linear in min(k, longest), not k
     codes = np.full((len(tops), int(lengths.max(initial=0))), -1, dtype=np.int64)
-    vocabulary: dict[str, int] = {}
+    vocabulary: dict[Hashable, int] = {}
     intern = vocabulary.setdefault
     flat = np.fromiter(
         (intern(v, len(vocabulary)) for v in itertools.chain.from_iterable(tops)),

@@ -1,0 +1,142 @@
+"""The columnar open requests against a plain dict of request objects: the same
+answers after any sequence of openings and closings, hash collisions included."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+
+from evaluator.core.finalise import OpenRequest
+from evaluator.engine import columns
+from evaluator.engine.columns import Codebook, OpenTable
+
+
+def row(n: int, rng: random.Random) -> list[Any]:
+    items = [f"item-{rng.randrange(40)}" for _ in range(rng.randrange(0, 6))]
+    attrs = [f"cat-{rng.randrange(3)}" for _ in items] if rng.random() < 0.5 else []
+    shadow = [f"item-{rng.randrange(40)}" for _ in range(3)] if rng.random() < 0.3 else []
+    rnd = [rng.choice(["topn", "swap"]), rng.randrange(1, 5)] if rng.random() < 0.2 else None
+    return [
+        f"req-{n}-é",  # not only ASCII: ids are stored as UTF-8
+        f"user-{rng.randrange(25)}",
+        rng.choice(["a", "b", "c"]),
+        1_000 + rng.randrange(500),
+        items,
+        attrs,
+        "ctl" if shadow else "",
+        shadow,
+        rng.choice(["", "home"]),
+        rnd,
+    ]
+
+
+def request(r: list[Any]) -> OpenRequest:
+    rnd = (r[9][0], r[9][1]) if r[9] else None
+    return OpenRequest(
+        r[0], r[1], r[2], r[3], tuple(r[4]), (), tuple(r[5]), r[6], tuple(r[7]), r[8], rnd
+    )
+
+
+def check(table: OpenTable, reference: dict[str, OpenRequest], rng: random.Random) -> None:
+    assert len(table) == len(reference)
+    assert table.as_dict() == reference
+    probe = [*rng.sample(sorted(reference), min(5, len(reference))), "req-missing"]
+    assert table.contains(probe) == [rid in reference for rid in probe]
+    assert table.times(probe) == [
+        reference[rid].timestamp_ms if rid in reference else None for rid in probe
+    ]
+    through = 1_000 + rng.randrange(500)
+    due = sorted(
+        (r for r in reference.values() if r.timestamp_ms <= through),
+        key=lambda r: (r.timestamp_ms, r.request_id),
+    )
+    assert table.due(through) == due
+    assert table.count_due(through) == len(due)
+    users = [f"user-{rng.randrange(25)}" for _ in range(3)]
+    shown = table.of_users(users)
+    names = table.book.strings
+    mine = sorted(
+        (rid, uid, ms, tuple(names[c] for c in items))
+        for uid, ms, rid, items in zip(*shown, strict=True)
+    )
+    assert mine == sorted(
+        (r.request_id, r.user_id, r.timestamp_ms, r.items)
+        for r in reference.values()
+        if r.user_id in users
+    )
+
+
+@pytest.mark.parametrize("collide", [False, True])
+@pytest.mark.parametrize("seed", range(4))
+def test_open_table_answers_as_a_dict_of_requests(
+    seed: int, collide: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Random batches of openings and closings (small enough that chunks merge, are
+    rewritten and go); with ``collide`` every id hashes alike, so each lookup rests
+    on the stored ids."""
+    if collide:
+        monkeypatch.setattr(columns, "_hashes", lambda values, n: np.full(n, 7, dtype=np.int64))
+    monkeypatch.setattr(columns, "CHUNK_ROWS", 64)
+    rng = random.Random(seed)
+    table, reference = OpenTable(), {}
+    made = 0
+    for _ in range(60):
+        batch = [row(made + k, rng) for k in range(rng.randrange(0, 30))]
+        made += len(batch)
+        table.append(batch)
+        reference.update((r[0], request(r)) for r in batch)
+        gone = [*rng.sample(sorted(reference), len(reference) // 3), "req-never"]
+        table.remove(gone)
+        for rid in gone:
+            reference.pop(rid, None)
+        check(table, reference, rng)
+    assert len(table.chunks) < made // 10  # merged and dropped, not one per batch
+
+
+def test_the_codebook_keeps_only_the_codes_in_use_past_its_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A catalog that churns does not grow the codebook without bound: past
+    ``RECODE_AT`` entries it is rebuilt from the codes of the open requests."""
+    monkeypatch.setattr(columns, "RECODE_AT", 50)
+    table = OpenTable()
+    table._recode_at = 50
+    rng = random.Random(3)
+    reference: dict[str, OpenRequest] = {}
+    for n in range(40):  # every batch shows new items; the previous batch closes
+        batch = [
+            [f"r{n}-{k}", "u", "a", n, [f"i{n}-{k}-{j}" for j in range(3)], [], "", [], "", None]
+            for k in range(4)
+        ]
+        table.append(batch)
+        reference.update((r[0], request(r)) for r in batch)
+        closing = [rid for rid in reference if not rid.startswith(f"r{n}-")]
+        table.remove(closing)
+        for rid in closing:
+            del reference[rid]
+        assert table.as_dict() == reference
+        check(table, reference, rng)
+    assert len(table.book) < 100  # 40 batches of 12 new items each went through it
+
+
+def test_codebook_codes_each_string_once() -> None:
+    book = Codebook()
+    assert book.encode(["x", "y", "x"]).tolist() == [0, 1, 0]
+    assert book.encode(["y", "z"]).tolist() == [1, 2]
+    assert book.strings == ["x", "y", "z"] and len(book) == 3
+
+
+def test_codes_past_sixteen_bits_widen_the_chunks_that_need_them() -> None:
+    """Codes are 16 bits while the codebook is small, 32 once it is not; chunks of
+    both kinds merge and read back alike."""
+    table = OpenTable()
+    small = [["r0", "u", "a", 1, ["x", "y"], ["c", "c"], "", [], "", None]]
+    wide = [["r1", "u", "a", 2, [f"i{n}" for n in range(70_000)], [], "", [], "", None]]
+    last = [["r2", "u", "b", 3, ["i69999", "x"], [], "", [], "", ["topn", 2]]]
+    for batch in (small, wide, last):
+        table.append(batch)
+    assert [c.items.flat.dtype for c in table.chunks] != [np.uint16] * len(table.chunks)
+    assert table.as_dict() == {r[0]: request(r) for r in small + wide + last}
