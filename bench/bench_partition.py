@@ -5,10 +5,13 @@ owner takes to load a partition holding many open requests.
     .venv/bin/python bench/bench_partition.py [--requests 100000]
 
 One engine ingests impressions of 20 items (with a diversity attribute) and
-checkpoints them to Redis in batches of 5,000, nothing finalised. Reported: the
-partition state hash's ``MEMORY USAGE`` (every field counted) per open request,
-the process's traced allocations per open request (tracemalloc, the engine's
-state only), and the median over repeats of claim + load + rebuild by a new
+checkpoints them to Redis in batches of 5,000, nothing finalised: first
+``--warmup`` of them (untraced: the catalog's codebook and the process's one-off
+allocations, as in a long-running process), then ``--requests`` more. Reported:
+the partition state hash's ``MEMORY USAGE`` (every field counted) per open request,
+the process's traced allocations per open request added after the warm-up
+(tracemalloc: the engine's state, including each new user's A/B exposure), of which
+the open-request columns' own arrays, and the median over repeats of claim + load + rebuild by a new
 owner (``Tasks.assign``), with the garbage collector tuned as ``evaluator run`` tunes it.
 Then the new owner finalises every request: the same two memory figures per
 finalised marker (what ``engine.finalised_ttl`` keeps; the process figure counts
@@ -65,6 +68,7 @@ def impressions(n: int, seed: int = 0) -> list[bytes]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=100_000)
+    parser.add_argument("--warmup", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     tune_gc()  # as `evaluator run` does at start-up
@@ -73,22 +77,28 @@ def main() -> None:
     prefix = f"bench-part-{uuid.uuid4().hex[:6]}"
     store = RedisStore(connect(url), settings.layout(1), prefix=prefix)
     raw = redis.Redis.from_url(url)
-    payloads = impressions(args.requests)
-    tracemalloc.start()
+    payloads = impressions(args.warmup + args.requests)
     tasks = Tasks(store, tasks_config(settings, 1))
     tasks.assign([0])
     owned = tasks.owned[0]
     engine = owned.engine
+    table_bytes = 0
     for start in range(0, len(payloads), 5_000):
+        if start == args.warmup:
+            tracemalloc.start()
+            table_bytes = engine.state.requests.nbytes
         batch, _ = decode_impressions(payloads[start : start + 5_000])
         engine.ingest(batch, InteractionBatch())
+        del batch  # the decoded events are not state
         owned.offsets["impressions"] = start + 5_000
         owned.consumed = True
         tasks._checkpoint(0, owned)
     process_bytes = tracemalloc.get_traced_memory()[0] / args.requests
     tracemalloc.stop()
+    table_bytes = (engine.state.requests.nbytes - table_bytes) / args.requests
     state = f"{{{prefix}:0}}:state"
-    redis_bytes = int(raw.memory_usage(state, samples=0) or 0) / args.requests  # type: ignore[arg-type]
+    total = args.warmup + args.requests
+    redis_bytes = int(raw.memory_usage(state, samples=0) or 0) / total  # type: ignore[arg-type]
     loads = []
     for _ in range(args.repeats):
         other = Tasks(store, tasks_config(settings, 1))
@@ -96,13 +106,20 @@ def main() -> None:
         other.assign([0])
         loads.append(time.perf_counter() - started)
         loaded = other.owned[0].engine.open_requests()
-        assert loaded == args.requests, (loaded, engine.open_requests())
-    marker_redis, marker_process = _markers(other, raw, state, args.requests)
+        assert loaded == total, (loaded, engine.open_requests())
+    marker_redis, marker_process = _markers(other, raw, state, total)
     print(f"machine: {machine()}")
-    print(f"{args.requests:,} open requests of 20 items (with a diversity attribute)")
-    print(f"  Redis memory per open request  : {redis_bytes:,.0f} bytes")
+    print(
+        f"{args.requests:,} open requests of 20 items (with a diversity attribute), "
+        f"after {args.warmup:,}"
+    )
+    print(f"  Redis memory per open request  : {redis_bytes:,.0f} bytes (all {total:,})")
     print(f"  process memory per open request: {process_bytes:,.0f} bytes (tracemalloc)")
-    print(f"  new owner's load (claim, read, rebuild): median {statistics.median(loads):.2f} s")
+    print(f"    of which the request columns : {table_bytes:,.0f} bytes")
+    print(
+        f"  new owner's load of {total:,} (claim, read, rebuild): "
+        f"median {statistics.median(loads):.2f} s"
+    )
     print(f"  Redis memory per finalised marker  : {marker_redis:,.0f} bytes")
     print(f"  process memory per finalised marker: {marker_process:,.0f} bytes (tracemalloc)")
     for key in raw.scan_iter(f"{{{prefix}:*", count=1000):

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from evaluator.core.finalise import OpenRequest
-from evaluator.engine import columns
-from evaluator.engine.columns import Codebook, OpenTable
+from evaluator.engine import chunks, columns
+from evaluator.engine.chunks import Codebook
+from evaluator.engine.columns import OpenTable
 
 
 def row(n: int, rng: random.Random) -> list[Any]:
@@ -78,7 +79,8 @@ def test_open_table_answers_as_a_dict_of_requests(
     rewritten and go); with ``collide`` every id hashes alike, so each lookup rests
     on the stored ids."""
     if collide:
-        monkeypatch.setattr(columns, "_hashes", lambda values, n: np.full(n, 7, dtype=np.int64))
+        for module in (columns, chunks):
+            monkeypatch.setattr(module, "_hashes", lambda values, n: np.full(n, 7, np.int64))
     monkeypatch.setattr(columns, "CHUNK_ROWS", 64)
     rng = random.Random(seed)
     table, reference = OpenTable(), {}
@@ -89,6 +91,8 @@ def test_open_table_answers_as_a_dict_of_requests(
         table.append(batch)
         reference.update((r[0], request(r)) for r in batch)
         gone = [*rng.sample(sorted(reference), len(reference) // 3), "req-never"]
+        if rng.random() < 0.5:  # as finalisation does: the due first, then gone
+            table.due(1_000 + rng.randrange(500))
         table.remove(gone)
         for rid in gone:
             reference.pop(rid, None)

@@ -16,6 +16,8 @@ from evaluator.app.replay import evaluate_files
 from evaluator.config import load_settings
 from evaluator.core.decode import decode_impressions, decode_interactions
 from evaluator.core.finalise import Finalised
+from evaluator.engine import columns
+from evaluator.engine.chunks import decode_segment
 from evaluator.engine.partition import PartitionEngine
 from evaluator.engine.plan import EngineConfig
 from evaluator.engine.restore import restore_state
@@ -163,7 +165,41 @@ def test_engine_equals_replay(seed: int, restore_every: int, take_every: int, tm
     assert engine.open_requests() == 0
     apply_changes(changelog, engine.take()[0])
     # every request segment went once all its requests were final
-    assert [key for key in changelog if key[0] in "rs"] == []
+    assert [key for key in changelog if key[0] in "rst"] == []
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_rebuilt_codebook_rewrites_the_changelog_whole(
+    seed: int, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a codebook bound far below the catalog, the codebook is rebuilt all along
+    the stream (every code changes): the changelog's segments and codebook are
+    rewritten in the same checkpoint, so every restored state equals the engine's own,
+    and the engine still equals replay."""
+    monkeypatch.setattr(columns, "RECODE_AT", 8)
+    rebuilt = []
+    recode = columns.OpenTable._recode
+
+    def counted(table: columns.OpenTable) -> None:
+        recode(table)
+        rebuilt.append(table.recoded)
+
+    monkeypatch.setattr(columns.OpenTable, "_recode", counted)
+    settings = load_settings(environ={})
+    events = generate(seed, requests=400, users=30)
+    for event in events.impressions + events.interactions:  # a catalog that churns
+        era = f"@{event['timestamp'] // 600_000}"
+        if "items" in event:
+            event["items"] = [item + era for item in event["items"]]
+        else:
+            event["item_id"] += era
+    changelog: dict[str, bytes] = {}
+    engine, done = run_engine(events, settings, seed, restore_every=1, changelog=changelog)
+    assert sum(rebuilt) >= 2
+    report = evaluate_files(*events.write(tmp_path), settings, progress=False)
+    compare_totals(totals_of(done), report, settings)
+    apply_changes(changelog, engine.take()[0])
+    assert [key for key in changelog if key[0] in "rst"] == []
 
 
 @pytest.mark.parametrize("restore_every", [1, 3])
@@ -376,8 +412,12 @@ def test_segments_hold_at_most_segment_rows_and_restore_whole() -> None:
     assert 3 < sum(len(d.requests) for d in engine.finalise_due()) < len(imps) - 3
     apply_changes(changelog, engine.take()[0])
     assert not [key for key in changelog if key.startswith("i:")]
-    for kind in "sgj":
-        sizes = [len(msgspec.msgpack.decode(v)) for k, v in changelog.items() if k[0] == kind]
+    for kind in "tgj":
+        sizes = [
+            decode_segment(v).size if kind == "t" else len(msgspec.msgpack.decode(v))
+            for k, v in changelog.items()
+            if k[0] == kind
+        ]
         assert len(sizes) > 1, kind
         assert max(sizes) <= 3, kind
     state = restore_state(changelog.items(), config.finalise.deadline, config.history_cap)
@@ -449,7 +489,7 @@ def test_requests_stored_one_field_each_load_and_go_when_final() -> None:
     changes, _ = engine.take()
     assert changes["r:q1"] is None
     assert "r:q2" not in changes
-    assert not [key for key in changes if key.startswith("s:")]  # nothing new opened
+    assert not [key for key in changes if key.startswith("t:")]  # nothing new opened
 
 
 def test_interaction_fields_of_open_requests_load_and_go_when_final() -> None:
@@ -490,7 +530,7 @@ def test_unwritten_counts_fields_and_segment_rows_until_the_flush() -> None:
     assert (len(state.fresh), len(state.waiting)) == (1, 1)
     assert state.unwritten() == len(state.changes) + 2
     changes, _ = engine.take()
-    assert {"s:0", "j:0"} <= changes.keys()
+    assert {"t:0", "c:0", "j:0"} <= changes.keys()
     assert state.unwritten() == 0
 
 

@@ -176,9 +176,11 @@ def test_ingest_is_idempotent_and_counts_duplicates(make_store) -> None:
     owner = Driver(store)
     assert owner.engine.state.users["u1"].history == [(2_000, "i1")]
     done = owner.finalise(CONFIG.deadline(1_000))
-    assert [(r.request_id, r.items, len(r.interactions)) for r in done[0].requests] == [
-        ("r1", ("a", "b"), 1)
-    ]
+    finalised = done[0]
+    assert [
+        (r.request_id, tuple(items), len(r.interactions))
+        for r, items in zip(finalised.requests, finalised.shown(), strict=True)
+    ] == [("r1", ("a", "b"), 1)]
     assert store.counters() == {"finalised": 1, "duplicates": 2}
     assert Driver(store).finalise(10**15) == []  # finalised once, whoever owns it next
 
@@ -491,19 +493,19 @@ def stored_request(store, **extra):
     Driver(store).ingest(decode_impressions([payload])[0], interactions())
     done = Driver(store).finalise(CONFIG.deadline(1_000))
     assert finalised(done) == 1
-    return done[0].requests[0]
+    return done[0].decoded(0)
 
 
 def test_attribute_values_round_trip(make_store) -> None:
     request = stored_request(
         make_store(SETTINGS.layout()), item_attributes={"category": ["x", "y"]}
     )
-    assert request.attributes == ("x", "y")
+    assert list(request.attributes) == ["x", "y"]
 
 
 def test_shadow_ranking_round_trips(make_store) -> None:
     request = stored_request(make_store(SETTINGS.layout()), shadow={"A": ["b", "c"]})
-    assert (request.shadow_variant, request.shadow) == ("A", ("b", "c"))
+    assert (request.shadow_variant, list(request.shadow)) == ("A", ["b", "c"])
 
 
 def test_blocks_reflect_every_checkpoint_between_reads(make_store) -> None:

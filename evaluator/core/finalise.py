@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import repeat
 from typing import NamedTuple, cast
 
@@ -120,6 +120,19 @@ class Finalised:
             return [cast("Sequence[str]", r.items) for r in self.requests]
         decode = names.__getitem__
         return [list(map(decode, cast("Sequence[int]", r.items))) for r in self.requests]
+
+    def decoded(self, i: int) -> OpenRequest:
+        """Request ``i`` with its item ids, attribute values and shadow ranking (a copy
+        when they are codes)."""
+        request = self.requests[i]
+        if self.names is None:
+            return request
+        return replace(
+            request,
+            items=self.ids(request.items),
+            attributes=self.ids(request.attributes),
+            shadow=self.ids(request.shadow),
+        )
 
     def ids(self, items: Sequence[ItemKey]) -> list[str]:
         """Item ids of the requests' items (codes are decoded)."""

@@ -1,9 +1,7 @@
 """A partition's open requests as columns: codes and arrays, not an object each. Pure.
 
-An open request is a row of a chunk: its impression time, its labels (variant,
-context, shadow variant, randomisation) and its item ids, attribute values and
-shadow ranking as ``int32`` codes of the partition's :class:`Codebook`, its request
-and user ids as UTF-8 bytes, and each id's 64-bit hash, sorted, for lookups by
+An open request is a row of a :class:`~evaluator.engine.chunks.Chunk`: codes of
+the partition's codebook, ids as bytes, and hash-sorted indexes for lookups by
 binary search. About a fifth of the memory of the objects it replaces (see
 BENCHMARKS.md), and batch-friendly: a lookup of many ids is one search per chunk.
 
@@ -14,325 +12,32 @@ A finished row is only marked dead; a chunk goes when all its rows have, and one
 mostly dead is rewritten with its live rows. :class:`~evaluator.core.finalise.OpenRequest`
 objects are made only for the requests being finalised (or asked for).
 
-Rows come and go as the changelog's request rows
-(:func:`evaluator.engine.records.request_row`): the same tuples are encoded there.
-A hash found is checked against the stored id, so a collision cannot join the
-wrong request.
+Rows come in as the changelog's request rows (:data:`~evaluator.engine.chunks.Row`)
+or as column segments read back. A hash found is checked against the stored id,
+so a collision can neither join the wrong request nor hide the right one.
+
+The codebook only grows while the catalog holds still; past :data:`RECODE_AT`
+entries, when most of them are no longer in use, it is rebuilt from the codes of
+the open requests (every code changes, and the changelog is rewritten:
+:func:`evaluator.engine.request_log.rewrite`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from itertools import chain, pairwise, repeat
-from typing import Any, NamedTuple
+from collections.abc import Iterator, Sequence
+from itertools import repeat
+from typing import NamedTuple
 
 import numpy as np
-import numpy.typing as npt
 
 from evaluator.core.finalise import OpenRequest
-
-I64 = npt.NDArray[np.int64]
-I32 = npt.NDArray[np.int32]
-U8 = npt.NDArray[np.uint8]
-Row = Sequence[Any]
-"""``(request id, user id, variant, time, items, attributes, shadow variant, shadow,
-context, randomisation [kind, n] or None)``: a changelog request row."""
+from evaluator.engine.chunks import NONE, Chunk, Codebook, Row, _hashes
 
 CHUNK_ROWS = 16_384
 """Rows per chunk at most: few chunks to search, little memory held by a straggler."""
 RECODE_AT = 1 << 19
 """Codebook entries before the codes of live rows are counted and the book rebuilt
 (when it holds four times as many as are in use): a churning catalog stays bounded."""
-
-NONE = -1
-"""The code of an absent label (no randomisation)."""
-
-
-class Codebook:
-    """Strings as ``int32`` codes: one entry per distinct item id, attribute value or
-    label of the partition's open requests, each string kept once."""
-
-    __slots__ = ("codes", "strings")
-
-    def __init__(self, strings: Iterable[str] = ()) -> None:
-        self.strings: list[str] = []
-        self.codes: dict[str, int] = {}
-        for s in strings:
-            self.code(s)
-
-    def code(self, value: str) -> int:
-        found = self.codes.get(value)
-        if found is None:
-            found = self.codes[value] = len(self.strings)
-            self.strings.append(value)
-        return found
-
-    def encode(self, values: Sequence[str]) -> I32:
-        """The codes of ``values`` (new ones are added)."""
-        codes = list(map(self.codes.get, values, repeat(NONE)))
-        if NONE in codes:
-            code = self.code
-            codes = [c if c != NONE else code(v) for c, v in zip(codes, values, strict=True)]
-        return np.array(codes, dtype=np.int32)
-
-    def __len__(self) -> int:
-        return len(self.strings)
-
-
-@dataclass(slots=True)
-class Ragged:
-    """Variable-length rows in one flat array: row i is ``flat[off[i]:off[i + 1]]``."""
-
-    flat: npt.NDArray[Any]
-    off: I32
-    """Row bounds (``int32``: a chunk holds far fewer than 2**31 values)."""
-
-    @classmethod
-    def of(cls, flat: npt.NDArray[Any], lengths: Sequence[int]) -> Ragged:
-        off = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=off[1:])
-        return cls(flat, off.astype(np.int32))
-
-    def take(self, rows: I64) -> Ragged:
-        starts = self.off[rows].astype(np.int64)
-        lengths = self.off[rows + 1] - starts
-        off = np.zeros(rows.size + 1, dtype=np.int64)
-        np.cumsum(lengths, out=off[1:])
-        index = np.repeat(starts - off[:-1], lengths) + np.arange(off[-1], dtype=np.int64)
-        return Ragged(self.flat[index], off.astype(np.int32))
-
-    def rows(self, rows: I64) -> list[list[Any]]:
-        """The given rows' values as Python lists."""
-        if not self.flat.size:
-            return [[] for _ in range(rows.size)]
-        part = self.take(rows)
-        values, bounds = part.flat.tolist(), part.off.tolist()
-        return [values[a:b] for a, b in pairwise(bounds)]
-
-    def texts(self, rows: I64) -> list[str]:
-        """The given rows of UTF-8 bytes, decoded."""
-        part = self.take(rows)
-        raw, bounds = part.flat.tobytes(), part.off.tolist()
-        if raw.isascii():  # one decode; a character is a byte
-            text = raw.decode()
-            return [text[a:b] for a, b in pairwise(bounds)]
-        return [raw[a:b].decode() for a, b in pairwise(bounds)]
-
-    @staticmethod
-    def concat(parts: Sequence[Ragged]) -> Ragged:
-        shift = np.cumsum([0] + [int(p.off[-1]) for p in parts[:-1]])
-        off = np.concatenate([[0]] + [p.off[1:] + s for p, s in zip(parts, shift, strict=True)])
-        return Ragged(np.concatenate([p.flat for p in parts]), off.astype(np.int32))
-
-
-def _texts(values: Sequence[str]) -> Ragged:
-    raw = [v.encode() for v in values]
-    return Ragged.of(np.frombuffer(b"".join(raw), dtype=np.uint8), list(map(len, raw)))
-
-
-def _hashes(values: Iterable[str], n: int) -> I64:
-    return np.fromiter(map(hash, values), dtype=np.int64, count=n)
-
-
-@dataclass(slots=True)
-class Index:
-    """Hashes sorted, with the row of each: many lookups by one binary search."""
-
-    keys: I64
-    rows: I32
-
-    @classmethod
-    def of(cls, hashes: I64) -> Index:
-        order = np.argsort(hashes, kind="stable")
-        return cls(hashes[order], order.astype(np.int32))
-
-    def per_row(self) -> I64:
-        out = np.empty_like(self.keys)
-        out[self.rows] = self.keys
-        return out
-
-    def spans(self, hashes: I64) -> tuple[I64, I64]:
-        """Where each hash's rows are in :attr:`rows`: ``[lo, hi)`` (empty: none)."""
-        lo = np.searchsorted(self.keys, hashes, side="left")
-        return lo, np.searchsorted(self.keys, hashes, side="right")
-
-    def find_all(self, hashes: I64) -> I64:
-        """Every row holding one of the hashes."""
-        lo = np.searchsorted(self.keys, hashes, side="left")
-        hi = np.searchsorted(self.keys, hashes, side="right")
-        spans = [self.rows[a:b] for a, b in zip(lo.tolist(), hi.tolist(), strict=True) if b > a]
-        return np.concatenate(spans).astype(np.int64) if spans else np.zeros(0, np.int64)
-
-
-@dataclass(slots=True)
-class Chunk:
-    """Rows of open requests, as columns (see the module docstring)."""
-
-    ts: I64
-    labels: npt.NDArray[Any]
-    """Per row (``int16`` or ``int32``): the codes of the variant, context, shadow
-    variant and randomisation kind (-1: none)."""
-    randomized: I32
-    """The randomisation's parameter (top-n or swap depth; 0: none)."""
-    alive: npt.NDArray[np.bool_]
-    ids: Ragged
-    users: Ragged
-    items: Ragged
-    attributes: Ragged
-    shadow: Ragged
-    by_id: Index
-    by_user: Index
-    live: int
-
-    @property
-    def size(self) -> int:
-        return int(self.ts.size)
-
-    @classmethod
-    def of(cls, rows: Sequence[Row], book: Codebook) -> Chunk:
-        n = len(rows)
-        rids = [r[0] for r in rows]
-        uids = [r[1] for r in rows]
-        items, attributes, shadow = (_codes([r[k] for r in rows], book) for k in (4, 5, 7))
-        labels = np.full((n, 4), NONE, dtype=np.int32)
-        for column, k in enumerate((2, 8, 6)):  # variant, context, shadow variant
-            labels[:, column] = book.encode([r[k] for r in rows])
-        randomized = [i for i, r in enumerate(rows) if r[9]]
-        if randomized:
-            labels[randomized, 3] = book.encode([rows[i][9][0] for i in randomized])
-        labels = _narrow(labels, len(book), signed=True)
-        return cls(
-            np.fromiter((r[3] for r in rows), dtype=np.int64, count=n),
-            labels,
-            np.fromiter((r[9][1] if r[9] else 0 for r in rows), dtype=np.int32, count=n),
-            np.ones(n, dtype=np.bool_),
-            _texts(rids),
-            _texts(uids),
-            items,
-            attributes,
-            shadow,
-            Index.of(_hashes(rids, n)),
-            Index.of(_hashes(uids, n)),
-            n,
-        )
-
-    def take(self, rows: I64) -> Chunk:
-        """A chunk of the given rows (an index array, in order)."""
-        return Chunk(
-            self.ts[rows],
-            self.labels[rows],
-            self.randomized[rows],
-            self.alive[rows],
-            self.ids.take(rows),
-            self.users.take(rows),
-            self.items.take(rows),
-            self.attributes.take(rows),
-            self.shadow.take(rows),
-            Index.of(self.by_id.per_row()[rows]),
-            Index.of(self.by_user.per_row()[rows]),
-            int(self.alive[rows].sum()),
-        )
-
-    @staticmethod
-    def concat(parts: Sequence[Chunk]) -> Chunk:
-        ids, users, items, attributes, shadow = (
-            Ragged.concat([getattr(p, n) for p in parts]) for n in _RAGGED
-        )
-        by_id, by_user = (
-            np.concatenate([getattr(p, n).per_row() for p in parts]) for n in _INDEXED
-        )
-        return Chunk(
-            np.concatenate([p.ts for p in parts]),
-            np.concatenate([p.labels for p in parts]),
-            np.concatenate([p.randomized for p in parts]),
-            np.concatenate([p.alive for p in parts]),
-            ids,
-            users,
-            items,
-            attributes,
-            shadow,
-            Index.of(by_id),
-            Index.of(by_user),
-            sum(p.live for p in parts),
-        )
-
-    def requests(self, rows: I64, strings: list[str], coded: bool = False) -> list[OpenRequest]:
-        """The given rows as request objects (strings shared through the codebook);
-        ``coded``: items, attribute values and the shadow ranking as their codes."""
-        decode = strings.__getitem__
-        none = [()] * rows.size
-        items, attrs, shadow = (
-            none
-            if not part.flat.size
-            else part.rows(rows)
-            if coded
-            else [tuple(map(decode, r)) for r in part.rows(rows)]
-            for part in (self.items, self.attributes, self.shadow)
-        )
-        labels = self.labels[rows].tolist()
-        out = []
-        for rid, uid, ts, (variant, context, shadow_of, kind), n, its, ats, sh in zip(
-            self.ids.texts(rows),
-            self.users.texts(rows),
-            self.ts[rows].tolist(),
-            labels,
-            self.randomized[rows].tolist(),
-            items,
-            attrs,
-            shadow,
-            strict=True,
-        ):
-            out.append(
-                OpenRequest(
-                    rid,
-                    uid,
-                    strings[variant],
-                    ts,
-                    its,
-                    (),
-                    ats,
-                    strings[shadow_of],
-                    sh,
-                    strings[context],
-                    (strings[kind], n) if kind != NONE else None,
-                )
-            )
-        return out
-
-    def codes_in_use(self) -> I32:
-        live = np.flatnonzero(self.alive)
-        parts = [self.labels[live].ravel()]
-        parts += [p.take(live).flat for p in (self.items, self.attributes, self.shadow)]
-        return np.concatenate(parts).astype(np.int32)
-
-    def recode(self, mapping: I32) -> None:
-        """Replace every code ``c`` by ``mapping[c]`` (of live rows; a dead row's codes
-        may become meaningless)."""
-        size = int(mapping.max(initial=0)) + 1
-        labels = self.labels
-        self.labels = _narrow(
-            np.where(labels >= 0, mapping[np.maximum(labels, 0)], NONE), size, signed=True
-        )
-        for part in (self.items, self.attributes, self.shadow):
-            part.flat = _narrow(np.maximum(mapping[part.flat], 0), size)
-
-
-_RAGGED = ("ids", "users", "items", "attributes", "shadow")
-_INDEXED = ("by_id", "by_user")
-
-
-def _codes(lists: Sequence[Sequence[str]], book: Codebook) -> Ragged:
-    codes = book.encode(list(chain.from_iterable(lists)) if lists else [])
-    return Ragged.of(_narrow(codes, len(book)), list(map(len, lists)))
-
-
-def _narrow(codes: npt.NDArray[Any], size: int, *, signed: bool = False) -> npt.NDArray[Any]:
-    """Codes of a book of ``size`` entries in 16 bits where they fit (most catalogs'
-    open requests), else 32."""
-    small = np.int16 if signed else np.uint16
-    return codes.astype(small if size <= np.iinfo(small).max else np.int32)
-
 
 Location = tuple[Chunk, int]
 
@@ -349,21 +54,36 @@ class Shown(NamedTuple):
 class OpenTable:
     """The open requests of one partition, by request id (see the module docstring)."""
 
-    def __init__(self) -> None:
-        self.book = Codebook()
+    def __init__(self, book: Codebook | None = None) -> None:
+        self.book = book or Codebook()
         self.chunks: list[Chunk] = []
         self._live = 0
         self._recode_at = RECODE_AT
+        self._due_at: dict[str, Location] = {}
+        """Where :meth:`due` found each request it returned (until the next write)."""
+        self.recoded = False
+        """Set when the codebook was rebuilt (codes changed): the changelog's segments
+        must be rewritten (the state clears it)."""
 
     # --- writes -----------------------------------------------------------------
 
-    def append(self, rows: Sequence[Row]) -> None:
-        """Open the requests of changelog rows (none of them open already)."""
+    def append(self, rows: Sequence[Row]) -> Chunk | None:
+        """Open the requests of changelog rows (none of them open already); returns
+        their chunk as built (before any merge), None for no rows."""
         if not rows:
+            return None
+        chunk = Chunk.of(rows, self.book)
+        self.add(chunk)
+        return chunk
+
+    def add(self, chunk: Chunk) -> None:
+        """Open the live rows of a chunk (coded with :attr:`book`, none open already)."""
+        if not chunk.live:
             return
+        self._due_at.clear()
         chunks = self.chunks
-        chunks.append(Chunk.of(rows, self.book))
-        self._live += len(rows)
+        chunks.append(chunk)
+        self._live += chunk.live
         # merge while the newer chunk is as large as the one before (amortised: each
         # row is copied a logarithmic number of times), dropping finished rows
         while len(chunks) >= 2 and chunks[-2].live <= chunks[-1].live:
@@ -375,7 +95,15 @@ class OpenTable:
     def remove(self, rids: Sequence[str]) -> None:
         """Close open requests (ids not open are ignored)."""
         touched: dict[int, Chunk] = {}
-        for found in self._locate(rids):
+        at = self._due_at  # where :meth:`due` found them (the chunks did not change since)
+        known = [at.get(rid) for rid in rids]
+        if None in known:
+            located = iter(
+                self._locate([rid for rid, f in zip(rids, known, strict=True) if f is None])
+            )
+            known = [f if f is not None else next(located) for f in known]
+        at.clear()
+        for found in known:
             if found is None:
                 continue
             chunk, row = found
@@ -411,6 +139,7 @@ class OpenTable:
         for chunk in self.chunks:
             chunk.recode(mapping)
         self._recode_at = max(RECODE_AT, 2 * len(self.book))
+        self.recoded = True
 
     # --- reads ------------------------------------------------------------------
 
@@ -421,16 +150,19 @@ class OpenTable:
             return out
         hashes = _hashes(rids, len(rids))
         for chunk in self.chunks:
-            lo, hi = chunk.by_id.spans(hashes)
-            width = hi - lo
-            found = np.flatnonzero(width > 0)
+            keys = chunk.by_id.keys
+            if not keys.size:
+                continue
+            lo = np.searchsorted(keys, hashes)
+            found = np.flatnonzero(keys[np.minimum(lo, keys.size - 1)] == hashes)
             if not found.size:
                 continue
-            # one row per hash but for a collision: check the stored ids of live rows
-            rows = chunk.by_id.rows[lo[found]].astype(np.int64)
-            if (width[found] > 1).any():
-                spans = [chunk.by_id.rows[a:b] for a, b in zip(lo[found], hi[found], strict=True)]
-                found = np.repeat(found, width[found])
+            lo = lo[found]
+            rows = chunk.by_id.rows[lo].astype(np.int64)
+            hi = np.searchsorted(keys, hashes[found], side="right")
+            if (hi - lo > 1).any():  # a collision: every row of the hash is a candidate
+                spans = [chunk.by_id.rows[a:b] for a, b in zip(lo, hi, strict=True)]
+                found = np.repeat(found, hi - lo)
                 rows = np.concatenate(spans).astype(np.int64)
             live = chunk.alive[rows]
             found, rows = found[live], rows[live]
@@ -459,10 +191,15 @@ class OpenTable:
         (time, request id): the order their deadlines fall in (``coded``: see
         :meth:`Chunk.requests`)."""
         out: list[OpenRequest] = []
+        at = self._due_at
+        at.clear()
         for chunk in self.chunks:
             rows = np.flatnonzero(chunk.alive & (chunk.ts <= through_ms))
             if rows.size:
-                out += chunk.requests(rows, self.book.strings, coded)
+                found = chunk.requests(rows, self.book.strings, coded)
+                places = zip(repeat(chunk), rows.tolist())
+                at.update(zip([r.request_id for r in found], places, strict=False))
+                out += found
         out.sort(key=lambda r: (r.timestamp_ms, r.request_id))
         return out
 
@@ -500,6 +237,11 @@ class OpenTable:
 
     def __len__(self) -> int:
         return self._live
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the chunks' arrays (the codebook aside)."""
+        return sum(c.nbytes for c in self.chunks)
 
     def __contains__(self, rid: object) -> bool:
         return isinstance(rid, str) and self._locate([rid])[0] is not None

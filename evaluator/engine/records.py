@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 
 from evaluator.core.events import Impression
-from evaluator.core.finalise import PendingInteraction
+from evaluator.core.finalise import OpenRequest, PendingInteraction
 
 encode = msgspec.msgpack.Encoder().encode
 decode = msgspec.msgpack.Decoder().decode
@@ -63,4 +63,20 @@ def impression_row(
         shadow,
         event.context or "",
         list(rnd) if rnd else None,
+    )
+
+
+def request_row(r: OpenRequest) -> tuple[Any, ...]:
+    """An open request as a changelog row (its id first; see :func:`impression_row`)."""
+    return (
+        r.request_id,
+        r.user_id,
+        r.variant,
+        r.timestamp_ms,
+        r.items,
+        r.attributes,
+        r.shadow_variant,
+        r.shadow,
+        r.context,
+        list(r.randomization) if r.randomization else None,
     )

@@ -13,9 +13,14 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable
+from itertools import chain
 from typing import Any
 
+import numpy as np
+
 from evaluator.core.finalise import PendingInteraction
+from evaluator.engine.chunks import Codebook, decode_segment
+from evaluator.engine.columns import OpenTable
 from evaluator.engine.records import decode
 from evaluator.engine.state import PartitionState
 
@@ -32,9 +37,13 @@ def restore_state(
     markers: list[tuple[str, list[list[Any]]]] = []
     fielded: list[tuple[str, list[Any]]] = []
     waiting: list[tuple[str, list[list[Any]]]] = []
+    book: list[tuple[int, str, list[str]]] = []
+    tables: list[tuple[str, bytes]] = []
     for name, raw in fields:
         kind, key = name[0], name[2:]
-        if kind in "srwdgm":
+        if kind in "tc":
+            _collect_columns(state, name, raw, book=book, tables=tables)
+        elif kind in "srwdgm":
             _load_segmented(
                 state, kind, name, _decode(raw), deadline=deadline, rows=rows, markers=markers
             )
@@ -65,6 +74,8 @@ def restore_state(
             state.seen[key] = t
             state.expiry.append((t, 1, key))
     state.markers.load(markers, fielded)
+    _load_book(state, book)
+    _reopen_tables(state, tables, deadline)
     _reopen(state, rows, deadline)
     _rewait(state, waiting, deadline)
     rids = list(state.named)
@@ -131,6 +142,50 @@ def _rewait(
             named_rid[eid] = rid
             last = max(last, deadline(shown_ms))
         state.segments.append((last, name))
+
+
+def _collect_columns(
+    state: PartitionState,
+    name: str,
+    raw: bytes,
+    *,
+    book: list[tuple[int, str, list[str]]],
+    tables: list[tuple[str, bytes]],
+) -> None:
+    """A column segment (``t:``, decoded once the codebook is whole) or a part of the
+    codebook (``c:``)."""
+    key = int(name[2:])
+    if name[0] == "t":
+        tables.append((name, raw))
+        state.next_segment = max(state.next_segment, key + 1)
+    else:
+        book.append((key, name, _decode(raw)))
+
+
+def _load_book(state: PartitionState, parts: list[tuple[int, str, list[str]]]) -> None:
+    """The codebook, from its ``c:`` fields in order."""
+    parts.sort()
+    book = Codebook(chain.from_iterable(strings for _, _, strings in parts))
+    state.requests = OpenTable(book)
+    state.book_written = len(book)
+    state.book_fields = [name for _, name, _ in parts]
+    state.next_book = parts[-1][0] + 1 if parts else 0
+
+
+def _reopen_tables(state: PartitionState, tables: list[tuple[str, bytes]], deadline: Any) -> None:
+    """The open requests of column segments (``t:``), judged as :func:`_reopen` judges
+    a segment's rows."""
+    through = state.finalised_ms
+    judged = state.delay_ms if state.judged_delay_ms is None else state.judged_delay_ms
+    final = state.markers.final
+    for name, raw in tables:
+        chunk = decode_segment(raw)
+        state.segments.append((deadline(int(chunk.ts.max())), name))
+        ids = chunk.ids.texts(np.arange(chunk.size))
+        live = ~np.fromiter(map(final.__contains__, ids), bool, len(ids))
+        if through is not None:
+            live &= chunk.ts + judged > through
+        state.requests.add(chunk.take(np.flatnonzero(live)))
 
 
 def _reopen(state: PartitionState, rows: list[list[Any]], deadline: Any) -> None:

@@ -7,15 +7,18 @@ history), each user's first exposure per experiment, and markers of what was
 finalised or counted late (so a redelivery is a duplicate, not new). Pure: no I/O.
 
 Every change is recorded as a field of the partition's changelog
-(``s:<n>``, ``w:``, ``j:<n>``, ``g:<n>``, ``m:``, ``f:<request>``, ``i:<event>``, ``l:<event>``,
-``h:<user>``, ``a:<user>``, ``x:<event>``, ``e:<experiment US user>``), with the field's
-new encoded value or ``None`` for a deletion. A store keeps those fields as one hash per
-partition: the hash *is* the compacted changelog, and
+(``t:<n>``, ``c:<n>``, ``w:``, ``j:<n>``, ``g:<n>``, ``m:``, ``f:<request>``,
+``i:<event>``, ``l:<event>``, ``h:<user>``, ``a:<user>``, ``x:<event>``,
+``e:<experiment US user>``), with the field's new encoded value or ``None`` for a
+deletion. A store keeps those fields as one hash per partition: the hash *is* the
+compacted changelog, and
 :func:`evaluator.engine.restore.restore_state` rebuilds the state from it exactly.
 
-Open requests are written as segments, not one field each: ``s:<n>`` holds the
+Open requests live as columns (:class:`~evaluator.engine.columns.OpenTable`) and
+are written as segments of columns, not one field each: ``t:<n>`` holds the
 requests opened between two checkpoints and still open at the second, and is
-deleted once the watermark has passed every deadline in it. A request is final
+deleted once the watermark has passed every deadline in it; ``c:<n>`` fields hold
+the codebook they are coded with (:mod:`evaluator.engine.request_log`). A request is final
 exactly when the watermark passes its deadline, and every checkpoint follows the
 finalisation at its watermark, so a restored row is open exactly while the
 checkpointed watermark is before its deadline: finalising a request writes
@@ -32,11 +35,12 @@ Finalised markers are kept and written by :class:`~evaluator.engine.markers.Mark
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from evaluator.core.finalise import OpenRequest, PendingInteraction
-from evaluator.engine.columns import OpenTable, Row
+from evaluator.engine import request_log
+from evaluator.engine.chunks import Chunk, Row
+from evaluator.engine.columns import OpenTable
 from evaluator.engine.markers import Markers
 from evaluator.engine.records import UserState, encode
 
@@ -83,9 +87,14 @@ class PartitionState:
     """Changelog fields created since the last flush (absent from the store): deleting
     one drops it from :attr:`changes` instead of sending a deletion, so a request
     opened and finalised between two checkpoints never reaches the store."""
-    fresh: dict[str, Row] = field(default_factory=dict)
-    """Rows of the requests opened since the last flush, encoded only if still open
-    at the flush."""
+    fresh: set[str] = field(default_factory=set)
+    """Requests opened since the last flush and still open: written at the flush."""
+    fresh_chunks: list[Chunk] = field(default_factory=list)
+    """The chunks they were opened in (as built, before any merge)."""
+    book_written: int = 0
+    """Codebook strings the changelog holds (its ``c:`` fields)."""
+    book_fields: list[str] = field(default_factory=list)
+    next_book: int = 0
     segments: list[tuple[int, str]] = field(default_factory=list)
     """Heap of (largest deadline, field name) of the stored request segments and
     interaction segments (``j:``, by their requests' deadlines): a segment is deleted
@@ -132,10 +141,10 @@ class PartitionState:
         """Open the requests of changelog rows (none open yet), each final ``delay_ms``
         after its impression."""
         self.delay_ms = delay_ms
-        self.requests.append(rows)
-        fresh = self.fresh
-        for row in rows:
-            fresh[row[0]] = row
+        chunk = self.requests.append(rows)
+        if chunk is not None:
+            self.fresh_chunks.append(chunk)
+            self.fresh.update(row[0] for row in rows)
 
     def create(self, name: str, value: bytes) -> None:
         """Write a field that the store does not hold unless deleted since the flush."""
@@ -237,7 +246,9 @@ class PartitionState:
         self.requests.remove([r.request_id for r in requests])
         for request, deadline in zip(requests, deadlines_ms, strict=True):
             rid = request.request_id
-            if fresh.pop(rid, None) is None and legacy and rid in legacy:
+            if rid in fresh:
+                fresh.discard(rid)
+            elif legacy and rid in legacy:
                 legacy.discard(rid)
                 changes["r:" + rid] = None
             waiting = named.pop(rid, None)
@@ -333,37 +344,18 @@ class PartitionState:
         """The changes since the last flush (and forget them); requests opened since then
         and still open are encoded now."""
         out, self.changes = self.changes, {}
-        if self.fresh:
-            self._write_fresh(out)
-        self.fresh = {}
+        if self.requests.recoded:
+            request_log.rewrite(self, out)
+        elif self.fresh:
+            request_log.write_fresh(self, out)
+        self.fresh, self.fresh_chunks = set(), []
+        request_log.write_book(self, out)
         if self.waiting:
             self._write_waiting(out)
         if self.markers.marked:
             self.markers.write(out, self.segment_rows)
         self.born = set()
         return out
-
-    def _write_fresh(self, out: Changes) -> None:
-        """The requests opened since the last flush: one segment (or several of
-        :attr:`segment_rows`), except those already due (opened behind the
-        finalisation, not yet finalised), one ``r:`` field each."""
-        fresh: Sequence[Row] = list(self.fresh.values())
-        delay, through = self.delay_ms, self.finalised_ms
-        if through is not None:  # what a new owner would judge final by ``w:`` and ``d:``
-            judged = delay if self.judged_delay_ms is None else self.judged_delay_ms
-            behind = [r for r in fresh if r[3] + judged <= through]
-            if behind:
-                for r in behind:
-                    out["r:" + r[0]] = _encode(r[1:])
-                    self.legacy.add(r[0])
-                fresh = [r for r in fresh if r[3] + judged > through]
-        for start in range(0, len(fresh), self.segment_rows):
-            part = fresh[start : start + self.segment_rows]
-            name = f"s:{self.next_segment}"
-            self.next_segment += 1
-            out[name] = _encode(part)
-            last = max(r[3] for r in part) + delay
-            heapq.heappush(self.segments, (last, name))
 
     def _write_waiting(self, out: Changes) -> None:
         """The interactions naming an open request that came since the last flush: one

@@ -1,0 +1,392 @@
+"""The rows of a partition's open requests as columns: one chunk of them, its
+codebook, and its encoding as a changelog segment. Pure.
+
+A row holds a request's impression time, its labels (variant, context, shadow
+variant, randomisation) and its item ids, attribute values and shadow ranking as
+16- or 32-bit codes of the partition's :class:`Codebook`, its request and user ids
+as UTF-8 bytes, and each id's 64-bit hash, sorted, for lookups by binary search.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import chain, pairwise, repeat
+from typing import Any
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+from evaluator.core.finalise import OpenRequest
+
+I64 = npt.NDArray[np.int64]
+I32 = npt.NDArray[np.int32]
+Row = Sequence[Any]
+"""``(request id, user id, variant, time, items, attributes, shadow variant, shadow,
+context, randomisation [kind, n] or None)``: a changelog request row."""
+
+NONE = -1
+"""The code of an absent label (no randomisation)."""
+
+
+class Codebook:
+    """Strings as ``int32`` codes: one entry per distinct item id, attribute value or
+    label of the partition's open requests, each string kept once."""
+
+    __slots__ = ("codes", "strings")
+
+    def __init__(self, strings: Iterable[str] = ()) -> None:
+        self.strings: list[str] = []
+        self.codes: dict[str, int] = {}
+        for s in strings:
+            self.code(s)
+
+    def code(self, value: str) -> int:
+        found = self.codes.get(value)
+        if found is None:
+            found = self.codes[value] = len(self.strings)
+            self.strings.append(value)
+        return found
+
+    def encode(self, values: Sequence[str]) -> I32:
+        """The codes of ``values`` (new ones are added)."""
+        codes = list(map(self.codes.get, values, repeat(NONE)))
+        if NONE in codes:
+            code = self.code
+            codes = [c if c != NONE else code(v) for c, v in zip(codes, values, strict=True)]
+        return np.array(codes, dtype=np.int32)
+
+    def __len__(self) -> int:
+        return len(self.strings)
+
+
+@dataclass(slots=True)
+class Ragged:
+    """Variable-length rows in one flat array: row i is ``flat[off[i]:off[i + 1]]``."""
+
+    flat: npt.NDArray[Any]
+    off: I32
+    """Row bounds (``int32``: a chunk holds far fewer than 2**31 values)."""
+
+    @classmethod
+    def of(cls, flat: npt.NDArray[Any], lengths: Sequence[int] | npt.NDArray[Any]) -> Ragged:
+        off = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=off[1:])
+        return cls(flat, off.astype(np.int32))
+
+    def take(self, rows: I64) -> Ragged:
+        starts = self.off[rows].astype(np.int64)
+        lengths = self.off[rows + 1] - starts
+        off = np.zeros(rows.size + 1, dtype=np.int64)
+        np.cumsum(lengths, out=off[1:])
+        index = np.repeat(starts - off[:-1], lengths) + np.arange(off[-1], dtype=np.int64)
+        return Ragged(self.flat[index], off.astype(np.int32))
+
+    def rows(self, rows: I64) -> list[list[Any]]:
+        """The given rows' values as Python lists."""
+        if not self.flat.size:
+            return [[] for _ in range(rows.size)]
+        part = self.take(rows)
+        values, bounds = part.flat.tolist(), part.off.tolist()
+        return [values[a:b] for a, b in pairwise(bounds)]
+
+    def texts(self, rows: I64) -> list[str]:
+        """The given rows of UTF-8 bytes, decoded."""
+        part = self.take(rows)
+        raw, bounds = part.flat.tobytes(), part.off.tolist()
+        if raw.isascii():  # one decode; a character is a byte
+            text = raw.decode()
+            return [text[a:b] for a, b in pairwise(bounds)]
+        return [raw[a:b].decode() for a, b in pairwise(bounds)]
+
+    @staticmethod
+    def concat(parts: Sequence[Ragged]) -> Ragged:
+        shift = np.cumsum([0] + [int(p.off[-1]) for p in parts[:-1]])
+        off = np.concatenate([[0]] + [p.off[1:] + s for p, s in zip(parts, shift, strict=True)])
+        return Ragged(np.concatenate([p.flat for p in parts]), off.astype(np.int32))
+
+
+def _texts(values: Sequence[str]) -> Ragged:
+    raw = [v.encode() for v in values]
+    return Ragged.of(np.frombuffer(b"".join(raw), dtype=np.uint8), list(map(len, raw)))
+
+
+def _hashes(values: Iterable[str], n: int) -> I64:
+    return np.fromiter(map(hash, values), dtype=np.int64, count=n)
+
+
+@dataclass(slots=True)
+class Index:
+    """Hashes sorted, with the row of each: many lookups by one binary search."""
+
+    keys: I64
+    rows: I32
+
+    @classmethod
+    def of(cls, hashes: I64) -> Index:
+        order = np.argsort(hashes, kind="stable")
+        return cls(hashes[order], order.astype(np.int32))
+
+    def per_row(self) -> I64:
+        out = np.empty_like(self.keys)
+        out[self.rows] = self.keys
+        return out
+
+    def spans(self, hashes: I64) -> tuple[I64, I64]:
+        """Where each hash's rows are in :attr:`rows`: ``[lo, hi)`` (empty: none)."""
+        lo = np.searchsorted(self.keys, hashes, side="left")
+        return lo, np.searchsorted(self.keys, hashes, side="right")
+
+    def find_all(self, hashes: I64) -> I64:
+        """Every row holding one of the hashes."""
+        lo = np.searchsorted(self.keys, hashes, side="left")
+        counts = np.searchsorted(self.keys, hashes, side="right") - lo
+        total = int(counts.sum())
+        starts = np.cumsum(counts) - counts
+        index = np.repeat(lo - starts, counts) + np.arange(total)
+        return self.rows[index].astype(np.int64)
+
+
+@dataclass(slots=True)
+class Chunk:
+    """Rows of open requests, as columns (see the module docstring)."""
+
+    ts: I64
+    labels: npt.NDArray[Any]
+    """Per row (``int16`` or ``int32``): the codes of the variant, context, shadow
+    variant and randomisation kind (-1: none)."""
+    randomized: I32
+    """The randomisation's parameter (top-n or swap depth; 0: none)."""
+    alive: npt.NDArray[np.bool_]
+    ids: Ragged
+    users: Ragged
+    items: Ragged
+    attributes: Ragged
+    shadow: Ragged
+    by_id: Index
+    by_user: Index
+    live: int
+
+    @property
+    def size(self) -> int:
+        return int(self.ts.size)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its arrays."""
+        arrays = [self.ts, self.labels, self.randomized, self.alive]
+        arrays += [
+            a
+            for p in (self.ids, self.users, self.items, self.attributes, self.shadow)
+            for a in (p.flat, p.off)
+        ]
+        arrays += [self.by_id.keys, self.by_id.rows, self.by_user.keys, self.by_user.rows]
+        return sum(a.nbytes for a in arrays)
+
+    @classmethod
+    def of(cls, rows: Sequence[Row], book: Codebook) -> Chunk:
+        n = len(rows)
+        rids = [r[0] for r in rows]
+        uids = [r[1] for r in rows]
+        items, attributes, shadow = (_codes([r[k] for r in rows], book) for k in (4, 5, 7))
+        labels = np.full((n, 4), NONE, dtype=np.int32)
+        for column, k in enumerate((2, 8, 6)):  # variant, context, shadow variant
+            labels[:, column] = book.encode([r[k] for r in rows])
+        randomized = [i for i, r in enumerate(rows) if r[9]]
+        if randomized:
+            labels[randomized, 3] = book.encode([rows[i][9][0] for i in randomized])
+        labels = _narrow(labels, len(book), signed=True)
+        return cls(
+            np.fromiter((r[3] for r in rows), dtype=np.int64, count=n),
+            labels,
+            np.fromiter((r[9][1] if r[9] else 0 for r in rows), dtype=np.int32, count=n),
+            np.ones(n, dtype=np.bool_),
+            _texts(rids),
+            _texts(uids),
+            items,
+            attributes,
+            shadow,
+            Index.of(_hashes(rids, n)),
+            Index.of(_hashes(uids, n)),
+            n,
+        )
+
+    def take(self, rows: I64) -> Chunk:
+        """A chunk of the given rows (an index array, in order)."""
+        return Chunk(
+            self.ts[rows],
+            self.labels[rows],
+            self.randomized[rows],
+            self.alive[rows],
+            self.ids.take(rows),
+            self.users.take(rows),
+            self.items.take(rows),
+            self.attributes.take(rows),
+            self.shadow.take(rows),
+            Index.of(self.by_id.per_row()[rows]),
+            Index.of(self.by_user.per_row()[rows]),
+            int(self.alive[rows].sum()),
+        )
+
+    @staticmethod
+    def concat(parts: Sequence[Chunk]) -> Chunk:
+        ids, users, items, attributes, shadow = (
+            Ragged.concat([getattr(p, n) for p in parts]) for n in _RAGGED
+        )
+        by_id, by_user = (
+            np.concatenate([getattr(p, n).per_row() for p in parts]) for n in _INDEXED
+        )
+        return Chunk(
+            np.concatenate([p.ts for p in parts]),
+            np.concatenate([p.labels for p in parts]),
+            np.concatenate([p.randomized for p in parts]),
+            np.concatenate([p.alive for p in parts]),
+            ids,
+            users,
+            items,
+            attributes,
+            shadow,
+            Index.of(by_id),
+            Index.of(by_user),
+            sum(p.live for p in parts),
+        )
+
+    def requests(self, rows: I64, strings: list[str], coded: bool = False) -> list[OpenRequest]:
+        """The given rows as request objects (strings shared through the codebook);
+        ``coded``: items, attribute values and the shadow ranking as their codes."""
+        decode = strings.__getitem__
+        none = [()] * rows.size
+        items, attrs, shadow = (
+            none
+            if not part.flat.size
+            else part.rows(rows)
+            if coded
+            else [tuple(map(decode, r)) for r in part.rows(rows)]
+            for part in (self.items, self.attributes, self.shadow)
+        )
+        labels = self.labels[rows].tolist()
+        out = []
+        for rid, uid, ts, (variant, context, shadow_of, kind), n, its, ats, sh in zip(
+            self.ids.texts(rows),
+            self.users.texts(rows),
+            self.ts[rows].tolist(),
+            labels,
+            self.randomized[rows].tolist(),
+            items,
+            attrs,
+            shadow,
+            strict=True,
+        ):
+            out.append(
+                OpenRequest(
+                    rid,
+                    uid,
+                    strings[variant],
+                    ts,
+                    its,
+                    (),
+                    ats,
+                    strings[shadow_of],
+                    sh,
+                    strings[context],
+                    (strings[kind], n) if kind != NONE else None,
+                )
+            )
+        return out
+
+    def codes_in_use(self) -> I32:
+        live = np.flatnonzero(self.alive)
+        parts = [self.labels[live].ravel()]
+        parts += [p.take(live).flat for p in (self.items, self.attributes, self.shadow)]
+        return np.concatenate(parts).astype(np.int32)
+
+    def recode(self, mapping: I32) -> None:
+        """Replace every code ``c`` by ``mapping[c]`` (of live rows; a dead row's codes
+        may become meaningless)."""
+        size = int(mapping.max(initial=0)) + 1
+        labels = self.labels
+        self.labels = _narrow(
+            np.where(labels >= 0, mapping[np.maximum(labels, 0)], NONE), size, signed=True
+        )
+        for part in (self.items, self.attributes, self.shadow):
+            part.flat = _narrow(np.maximum(mapping[part.flat], 0), size)
+
+
+_RAGGED = ("ids", "users", "items", "attributes", "shadow")
+_INDEXED = ("by_id", "by_user")
+
+
+def _codes(lists: Sequence[Sequence[str]], book: Codebook) -> Ragged:
+    codes = book.encode(list(chain.from_iterable(lists)) if lists else [])
+    return Ragged.of(_narrow(codes, len(book)), list(map(len, lists)))
+
+
+def _narrow(codes: npt.NDArray[Any], size: int, *, signed: bool = False) -> npt.NDArray[Any]:
+    """Codes of a book of ``size`` entries in 16 bits where they fit (most catalogs'
+    open requests), else 32."""
+    small = np.int16 if signed else np.uint16
+    return codes.astype(small if size <= np.iinfo(small).max else np.int32)
+
+
+SEGMENT_FORMAT = 1
+"""The version of :func:`encode_segment`'s layout (its first element)."""
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder().decode
+
+
+def _packed(values: npt.NDArray[Any]) -> tuple[str, bytes]:
+    return values.dtype.str, values.tobytes()
+
+
+def _unpacked(dtype: str, raw: bytes) -> npt.NDArray[Any]:
+    return np.frombuffer(raw, dtype=np.dtype(dtype))
+
+
+def _lengths(part: Ragged) -> tuple[str, bytes, str, bytes]:
+    """A ragged column as its row lengths (in the fewest bytes) and its values."""
+    lengths = np.diff(part.off)
+    longest = int(lengths.max(initial=0))
+    narrow = np.uint8 if longest < 2**8 else np.uint16 if longest < 2**16 else np.int32
+    return (*_packed(lengths.astype(narrow)), *_packed(part.flat))
+
+
+def _ragged(lengths_dtype: str, lengths: bytes, dtype: str, flat: bytes) -> Ragged:
+    return Ragged.of(_unpacked(dtype, flat), _unpacked(lengths_dtype, lengths).astype(np.int64))
+
+
+def encode_segment(chunk: Chunk) -> bytes:
+    """A chunk's rows as one changelog value: each column's bytes (codes of the
+    codebook written with it), no per-row encoding."""
+    return _encode(
+        [
+            SEGMENT_FORMAT,
+            [*_packed(chunk.ts), *_packed(chunk.labels), *_packed(chunk.randomized)],
+            [_lengths(getattr(chunk, name)) for name in _RAGGED],
+        ]
+    )
+
+
+def decode_segment(raw: bytes) -> Chunk:
+    """The chunk :func:`encode_segment` wrote (its rows all live, indexes rebuilt)."""
+    version, fixed, ragged = _decode(raw)
+    if version != SEGMENT_FORMAT:
+        raise ValueError(f"request segment of format {version}, not {SEGMENT_FORMAT}")
+    ts, labels, randomized = (_unpacked(fixed[k], fixed[k + 1]) for k in range(0, len(fixed), 2))
+    ids, users, items, attributes, shadow = (_ragged(*part) for part in ragged)
+    n = int(ts.size)
+    return Chunk(
+        ts.astype(np.int64),
+        labels.reshape(n, 4),
+        randomized,
+        np.ones(n, dtype=np.bool_),
+        ids,
+        users,
+        items,
+        attributes,
+        shadow,
+        Index.of(_hashes(ids.texts(np.arange(n)), n)),
+        Index.of(_hashes(users.texts(np.arange(n)), n)),
+        n,
+    )

@@ -1,0 +1,92 @@
+"""How a partition's open requests go to its changelog: column segments and the
+codebook they are coded with. Pure.
+
+``t:<n>`` holds, as columns (:func:`~evaluator.engine.chunks.encode_segment`),
+the requests opened between two checkpoints and still open at the second; it is
+deleted once the watermark has passed every deadline in it. ``c:<n>`` holds the
+codebook's strings added since the previous ``c:`` field, so the concatenation of
+the ``c:`` fields in order is the codebook a new owner decodes by. When the
+codebook is rebuilt (a churning catalog, see :class:`~evaluator.engine.columns.OpenTable`)
+every code changes: the ``c:`` fields and every request segment are rewritten in
+the same checkpoint. Versions before column segments wrote ``s:<n>`` (rows of
+strings); they are still read, and rewritten as ``t:`` at the next rebuild.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from evaluator.engine.chunks import Chunk, encode_segment
+from evaluator.engine.records import encode, request_row
+
+if TYPE_CHECKING:
+    from evaluator.engine.state import Changes, PartitionState
+
+
+def write_fresh(state: PartitionState, out: Changes) -> None:
+    """The requests opened since the last flush and still open: segments of at most
+    :attr:`~PartitionState.segment_rows` rows, except those already due (opened behind
+    the finalisation, not yet finalised), one ``r:`` field each."""
+    fresh = state.fresh
+    for chunk in state.fresh_chunks:
+        ids = chunk.ids.texts(np.arange(chunk.size))
+        rows = np.flatnonzero(np.fromiter(map(fresh.__contains__, ids), bool, len(ids)))
+        _write_rows(state, chunk, rows, out)
+
+
+def rewrite(state: PartitionState, out: Changes) -> None:
+    """After the codebook was rebuilt: every request segment and ``c:`` field is
+    replaced by ones in the new codes (requests stored as ``r:`` fields stay)."""
+    kept = []
+    for entry in state.segments:
+        if entry[1][0] in "st":
+            out[entry[1]] = None
+        else:
+            kept.append(entry)
+    heapq.heapify(kept)
+    state.segments = kept
+    for name in state.book_fields:
+        out[name] = None
+    state.book_fields, state.book_written = [], 0
+    legacy = state.legacy
+    for chunk in state.requests.chunks:
+        live = chunk.alive
+        if legacy:
+            ids = chunk.ids.texts(np.arange(chunk.size))
+            live = live & ~np.fromiter(map(legacy.__contains__, ids), bool, len(ids))
+        _write_rows(state, chunk, np.flatnonzero(live), out)
+    state.requests.recoded = False
+
+
+def write_book(state: PartitionState, out: Changes) -> None:
+    """The codebook's strings added since the last ``c:`` field, as a new one."""
+    strings = state.requests.book.strings
+    if len(strings) > state.book_written:
+        name = f"c:{state.next_book}"
+        state.next_book += 1
+        out[name] = encode(strings[state.book_written :])
+        state.book_fields.append(name)
+        state.book_written = len(strings)
+
+
+def _write_rows(state: PartitionState, chunk: Chunk, rows: npt.NDArray[Any], out: Changes) -> None:
+    through, delay = state.finalised_ms, state.delay_ms
+    if through is not None:  # what a new owner would judge final by ``w:`` and ``d:``
+        judged = delay if state.judged_delay_ms is None else state.judged_delay_ms
+        behind = chunk.ts[rows] + judged <= through
+        if behind.any():
+            for r in chunk.requests(rows[behind], state.requests.book.strings):
+                out["r:" + r.request_id] = encode(request_row(r)[1:])
+                state.legacy.add(r.request_id)
+            rows = rows[~behind]
+    step = state.segment_rows
+    for start in range(0, rows.size, step):
+        part = chunk.take(rows[start : start + step])
+        name = f"t:{state.next_segment}"
+        state.next_segment += 1
+        out[name] = encode_segment(part)
+        heapq.heappush(state.segments, (int(part.ts.max()) + delay, name))
