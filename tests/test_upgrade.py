@@ -133,7 +133,7 @@ def previous_then_this(env, first: EventSet, second: EventSet, tmp_path: Path) -
         deadline = env.settings().finalise_config().deadline
         for p in range(env.partitions):  # a claim, as the next owner makes one
             state = restore_state(store.claim(p).fields, deadline, 10**6)
-            open_ids |= {rid for user in state.users.values() for rid in user.open}
+            open_ids |= set(state.requests)
         assert open_ids, "the handover must leave open requests"
         procs = [env.start(tmp_path / "new.log")]
         produce(env, second, seed=32)
