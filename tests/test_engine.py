@@ -343,6 +343,36 @@ def test_an_expired_marker_still_in_memory_counts_for_nothing() -> None:
         assert "q1" in engine.state.requests and engine.state.named_rid.get("c1") == "q1"
 
 
+def test_a_request_finalised_and_opened_again_between_checkpoints_is_written_once() -> None:
+    """A request finalised and, once its marker expired, opened again by a redelivery
+    before the next checkpoint: the checkpoint writes its open row once (the latest),
+    so the state rebuilt from the changelog equals the engine's own."""
+    settings = load_settings(environ={})
+    ttl = 30 * 60_000
+    config = dataclasses.replace(engine_config(settings), finalised_ttl_ms=ttl)
+    t0 = 1_000_000_000
+
+    def imp(rid: str, ts: int) -> tuple[str, dict[str, Any]]:
+        event = {"event_id": f"i{rid}{ts}", "request_id": rid, "user_id": "u", "variant": "a"}
+        return "impressions", {**event, "timestamp": ts, "items": ["x", "y"]}
+
+    engine = PartitionEngine(0, config)
+    changelog: dict[str, bytes] = {}
+    apply_changes(changelog, engine.take()[0])
+    step(engine, [imp("q1", t0), imp("q2", t0 + 1)], settings)
+    engine.watermark_ms = config.finalise.deadline(t0)  # q1 final, q2 still open
+    assert [r.request_id for d in engine.finalise_due() for r in d.requests] == ["q1"]
+    later = config.finalise.deadline(t0) + ttl + 1  # q1's marker expires by data time
+    step(engine, [imp("q3", later)], settings)
+    engine.finalise_due()
+    step(engine, [imp("q1", later + 1)], settings)  # redelivered: opened again
+    assert sorted(engine.state.requests) == ["q1", "q2", "q3"]
+    apply_changes(changelog, engine.take()[0])
+    state = restore_state(changelog.items(), config.finalise.deadline, config.history_cap)
+    assert_same_state(state, engine.state)
+    assert state.requests["q1"].timestamp_ms == later + 1
+
+
 def test_marker_fields_go_once_expired_in_memory_and_restored() -> None:
     """A marker changed after its segment was written (an interaction counted late) has
     an ``f:`` field. Once it has expired the field is deleted: with its segment in the

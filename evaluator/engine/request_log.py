@@ -31,10 +31,24 @@ def write_fresh(state: PartitionState, out: Changes) -> None:
     """The requests opened since the last flush and still open: segments of at most
     :attr:`~PartitionState.segment_rows` rows, except those already due (opened behind
     the finalisation, not yet finalised), one ``r:`` field each."""
-    fresh = state.fresh
-    for chunk in state.fresh_chunks:
+    chunks = state.fresh_chunks
+    if len(state.fresh) == sum(chunk.size for chunk in chunks):  # none finished since
+        for chunk in chunks:
+            _write_rows(state, chunk, np.arange(chunk.size), out)
+        return
+    # the rows still open: a request finished and opened again since (its marker
+    # expired) is in the set once, as its latest row
+    kept, seen = [], set()
+    for chunk in reversed(chunks):
         ids = chunk.ids.texts(np.arange(chunk.size))
-        rows = np.flatnonzero(np.fromiter(map(fresh.__contains__, ids), bool, len(ids)))
+        keep = np.zeros(chunk.size, dtype=bool)
+        for row in range(chunk.size - 1, -1, -1):
+            rid = ids[row]
+            if rid in state.fresh and rid not in seen:
+                seen.add(rid)
+                keep[row] = True
+        kept.append((chunk, np.flatnonzero(keep)))
+    for chunk, rows in reversed(kept):
         _write_rows(state, chunk, rows, out)
 
 

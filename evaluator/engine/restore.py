@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable
 from itertools import chain
+from sys import intern
 from typing import Any
 
 import numpy as np
@@ -67,7 +68,7 @@ def restore_state(
             fielded.append((key, _decode(raw)))
         elif kind == "e":
             variant, t = _decode(raw)
-            state.exposed[key] = (variant, t)
+            state.exposed[key] = (intern(variant), t)
             state.exposure_expiry.append((t, key))
         elif kind == "x":
             t = _decode(raw)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+from sys import intern
 
 from evaluator.core.finalise import OpenRequest, PendingInteraction
 from evaluator.engine import request_log
@@ -208,7 +209,7 @@ class PartitionState:
         impression time ``t_ms``; False when the user was exposed already."""
         if key in self.exposed:
             return False
-        self.exposed[key] = (variant, t_ms)
+        self.exposed[key] = (intern(variant), t_ms)  # one string per variant, not per user
         heapq.heappush(self.exposure_expiry, (t_ms, key))
         self.changes["e:" + key] = _encode((variant, t_ms))
         return True
