@@ -24,7 +24,7 @@ from evaluator.app.cli_common import (
 from evaluator.app.cli_generate import add_demo, add_simulate
 from evaluator.app.logs import setup_logging
 from evaluator.config import ConfigError, Settings, load_settings, masked
-from evaluator.engine.runtime import tune_gc
+from evaluator.engine.runtime import tune_gc, tune_malloc
 
 
 def _replay_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -236,6 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     tune_gc()
+    tune_malloc()
     try:
         code: int = args.func(args)
     except (ConfigError, UsageError) as exc:
