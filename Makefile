@@ -27,7 +27,7 @@ unit: setup
 test: lint typecheck unit  ## everything CI runs
 
 demo: setup  ## simulated traffic through the live pipeline; dashboard on http://127.0.0.1:8000/
-	$(BIN)/evaluator demo
+	MALLOC_MMAP_THRESHOLD_=131072 $(BIN)/evaluator demo
 
 replay-example: setup  ## evaluate the bundled example events
 	$(BIN)/evaluator replay examples/impressions.jsonl examples/interactions.jsonl
