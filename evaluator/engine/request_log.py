@@ -15,21 +15,40 @@ strings); they are still read, and rewritten as ``t:`` at the next rebuild.
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from evaluator.engine.chunks import Chunk, encode_segment
+from evaluator.engine.columns import OpenTable
 from evaluator.engine.records import encode, request_row
 
-if TYPE_CHECKING:
-    from evaluator.engine.state import Changes, PartitionState
+Changes = dict[str, bytes | None]
 
 
-def write_fresh(state: PartitionState, out: Changes) -> None:
+class RequestLog(Protocol):
+    """What these functions read and keep of a partition's state
+    (:class:`~evaluator.engine.state.PartitionState`)."""
+
+    requests: OpenTable
+    fresh: set[str]
+    fresh_chunks: list[Chunk]
+    legacy: set[str]
+    segments: list[tuple[int, str]]
+    next_segment: int
+    segment_rows: int
+    book_written: int
+    book_fields: list[str]
+    next_book: int
+    delay_ms: int
+    finalised_ms: int | None
+    judged_delay_ms: int | None
+
+
+def write_fresh(state: RequestLog, out: Changes) -> None:
     """The requests opened since the last flush and still open: segments of at most
-    :attr:`~PartitionState.segment_rows` rows, except those already due (opened behind
+    :attr:`~RequestLog.segment_rows` rows, except those already due (opened behind
     the finalisation, not yet finalised), one ``r:`` field each."""
     chunks = state.fresh_chunks
     if len(state.fresh) == sum(chunk.size for chunk in chunks):  # none finished since
@@ -52,7 +71,7 @@ def write_fresh(state: PartitionState, out: Changes) -> None:
         _write_rows(state, chunk, rows, out)
 
 
-def rewrite(state: PartitionState, out: Changes) -> None:
+def rewrite(state: RequestLog, out: Changes) -> None:
     """After the codebook was rebuilt: every request segment and ``c:`` field is
     replaced by ones in the new codes (requests stored as ``r:`` fields stay)."""
     kept = []
@@ -76,7 +95,7 @@ def rewrite(state: PartitionState, out: Changes) -> None:
     state.requests.recoded = False
 
 
-def write_book(state: PartitionState, out: Changes) -> None:
+def write_book(state: RequestLog, out: Changes) -> None:
     """The codebook's strings added since the last ``c:`` field, as a new one."""
     strings = state.requests.book.strings
     if len(strings) > state.book_written:
@@ -87,7 +106,7 @@ def write_book(state: PartitionState, out: Changes) -> None:
         state.book_written = len(strings)
 
 
-def _write_rows(state: PartitionState, chunk: Chunk, rows: npt.NDArray[Any], out: Changes) -> None:
+def _write_rows(state: RequestLog, chunk: Chunk, rows: npt.NDArray[Any], out: Changes) -> None:
     through, delay = state.finalised_ms, state.delay_ms
     if through is not None:  # what a new owner would judge final by ``w:`` and ``d:``
         judged = delay if state.judged_delay_ms is None else state.judged_delay_ms
