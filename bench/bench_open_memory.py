@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -27,33 +26,13 @@ import uuid
 from pathlib import Path
 
 import redis
-from _common import T0, machine
-from bench_run import committed, drop_prefix, produce
+from _common import machine
+from bench_partition import impressions
+from bench_run import committed, drop_prefix, evaluator_env, produce
 from kafka.admin import KafkaAdminClient
+from kafka.errors import KafkaError
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def impressions(n: int, seed: int = 0) -> list[bytes]:
-    """Impressions of 20 items (ids of ~20 characters), 20 ms apart, users of ~4 each."""
-    rng = random.Random(seed)
-    out = []
-    for r in range(n):
-        items = list(dict.fromkeys(f"sku-{rng.randrange(50_000):08d}-eu" for _ in range(20)))
-        out.append(
-            json.dumps(
-                {
-                    "event_id": f"imp-{r:09d}",
-                    "request_id": f"req-{uuid.UUID(int=rng.getrandbits(128))}",
-                    "user_id": f"user-{rng.randrange(n // 4):08d}",
-                    "variant": "AB"[r % 2],
-                    "timestamp": T0 + 20 * r,
-                    "items": items,
-                    "item_attributes": {"category": [f"cat-{rng.randrange(40)}" for _ in items]},
-                }
-            ).encode()
-        )
-    return out
 
 
 def rss_bytes(pid: int) -> int:
@@ -67,7 +46,12 @@ def rss_bytes(pid: int) -> int:
 def wait_committed(
     admin: KafkaAdminClient, group: str, total: int, proc: subprocess.Popen[bytes]
 ) -> None:
-    while committed(admin, group) < total:
+    while True:
+        try:
+            if committed(admin, group) >= total:
+                return
+        except KafkaError:  # a fresh broker: no group coordinator yet
+            pass
         if proc.poll() is not None:
             raise SystemExit("evaluator exited")
         time.sleep(0.2)
@@ -80,19 +64,13 @@ def main() -> None:
     args = parser.parse_args()
     bootstrap, url = os.environ["KAFKA_BOOTSTRAP_SERVERS"], os.environ["REDIS_URL"]
     name = f"bench-open-{uuid.uuid4().hex[:6]}"
-    payloads = impressions(args.warmup + args.requests)
+    payloads = impressions(args.warmup + args.requests, long_ids=True)
     warm, rest = payloads[: args.warmup], payloads[args.warmup :]
     produce(bootstrap, name, warm, [])
     env = {
-        **os.environ,
+        **evaluator_env(bootstrap, url, name, name),
         "EVALUATOR_JOIN__ATTRIBUTION_WINDOW": "24h",
         "EVALUATOR_HTTP__PORT": "0",
-        "EVALUATOR_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
-        "EVALUATOR_KAFKA__IMPRESSIONS_TOPIC": f"{name}-impressions",
-        "EVALUATOR_KAFKA__INTERACTIONS_TOPIC": f"{name}-interactions",
-        "EVALUATOR_KAFKA__GROUP_ID": f"{name}-eval",
-        "EVALUATOR_REDIS__URL": url,
-        "EVALUATOR_REDIS__KEY_PREFIX": name,
     }
     client = redis.Redis.from_url(url)
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)

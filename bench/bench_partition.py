@@ -42,21 +42,32 @@ from evaluator.engine.tasks import Tasks
 T0 = 1_700_000_000_000
 
 
-def impressions(n: int, seed: int = 0) -> list[bytes]:
+def impressions(n: int, seed: int = 0, *, long_ids: bool = False) -> list[bytes]:
+    """Impressions of 20 items of a 50,000-item catalog with a category each, users
+    of ~4 each; ``long_ids``: ids as long as real ones (UUID request ids, ~15-character
+    items), 20 ms apart (else short ids, 1 ms apart)."""
     import random
 
     rng = random.Random(seed)
     out = []
     for r in range(n):
-        items = list(dict.fromkeys(f"p{rng.randrange(50_000)}" for _ in range(20)))
+        if long_ids:
+            item = "sku-{:08d}-eu".format
+            rid, uid = (
+                f"req-{uuid.UUID(int=rng.getrandbits(128))}",
+                f"user-{rng.randrange(n // 4):08d}",
+            )
+        else:
+            item, rid, uid = "p{}".format, f"r{r}", f"u{rng.randrange(n // 4)}"
+        items = list(dict.fromkeys(item(rng.randrange(50_000)) for _ in range(20)))
         out.append(
             json.dumps(
                 {
                     "event_id": f"i{r}",
-                    "request_id": f"r{r}",
-                    "user_id": f"u{rng.randrange(n // 4)}",
+                    "request_id": rid,
+                    "user_id": uid,
                     "variant": "AB"[r % 2],
-                    "timestamp": T0 + r,
+                    "timestamp": T0 + (20 * r if long_ids else r),
                     "items": items,
                     "item_attributes": {"category": [f"c{rng.randrange(20)}" for _ in items]},
                 }

@@ -192,6 +192,20 @@ def caught_up(client: redis.Redis, name: str) -> bool:
     return min(marks) >= min(bounds)
 
 
+def evaluator_env(bootstrap: str, redis_url: str, topics: str, name: str) -> dict[str, str]:
+    """The environment of an evaluator on topics ``topics``-* with group ``name``-eval and
+    Redis prefix ``name`` (over this process's own)."""
+    return {
+        **os.environ,
+        "EVALUATOR_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
+        "EVALUATOR_KAFKA__IMPRESSIONS_TOPIC": f"{topics}-impressions",
+        "EVALUATOR_KAFKA__INTERACTIONS_TOPIC": f"{topics}-interactions",
+        "EVALUATOR_KAFKA__GROUP_ID": f"{name}-eval",
+        "EVALUATOR_REDIS__URL": redis_url,
+        "EVALUATOR_REDIS__KEY_PREFIX": name,
+    }
+
+
 def evaluator_rate(
     bootstrap: str, redis_url: str, name: str, total: int, log: Path, *, client: str
 ) -> Measured:
@@ -202,14 +216,8 @@ def evaluator_rate(
         "EVALUATOR_PROPENSITY__ESTIMATOR": ESTIMATOR,
         "EVALUATOR_JOIN__ATTRIBUTION_WINDOW": ATTRIBUTION_WINDOW,
         "EVALUATOR_HTTP__PORT": "0",  # not measured; and a leftover process cannot block it
-        **os.environ,
-        "EVALUATOR_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
-        "EVALUATOR_KAFKA__IMPRESSIONS_TOPIC": f"{topics}-impressions",
-        "EVALUATOR_KAFKA__INTERACTIONS_TOPIC": f"{topics}-interactions",
-        "EVALUATOR_KAFKA__GROUP_ID": f"{name}-eval",
+        **evaluator_env(bootstrap, redis_url, topics, name),
         "EVALUATOR_KAFKA__CLIENT": client,
-        "EVALUATOR_REDIS__URL": redis_url,
-        "EVALUATOR_REDIS__KEY_PREFIX": name,
     }
     with open(log, "wb") as out:
         proc = subprocess.Popen(

@@ -77,7 +77,7 @@ def restore_state(
     state.markers.load(markers, fielded)
     _load_book(state, book)
     _reopen_tables(state, tables, deadline)
-    _reopen(state, rows, deadline)
+    _reopen(state, rows)
     _rewait(state, waiting, deadline)
     rids = list(state.named)
     state.expiry += [  # as :meth:`PartitionState.add_named` keeps them
@@ -189,7 +189,7 @@ def _reopen_tables(state: PartitionState, tables: list[tuple[str, bytes]], deadl
         state.requests.add(chunk.take(np.flatnonzero(live)))
 
 
-def _reopen(state: PartitionState, rows: list[list[Any]], deadline: Any) -> None:
+def _reopen(state: PartitionState, rows: list[list[Any]]) -> None:
     """The open requests among stored rows: a segment's row is final once the
     finalisation has passed its deadline under the settings it ran with (``d:``), an
     ``r:`` field's once it is marked final. Open ones get their deadline under the
