@@ -13,9 +13,11 @@ the process's traced allocations per open request added after the warm-up
 (tracemalloc: the engine's state, including each new user's A/B exposure), of which
 the open-request columns' own arrays, and the median over repeats of claim + load + rebuild by a new
 owner (``Tasks.assign``), with the garbage collector tuned as ``evaluator run`` tunes it.
-Then the new owner finalises every request: the same two memory figures per
-finalised marker (what ``engine.finalised_ttl`` keeps; the process figure counts
-what finalisation allocated, not the request id it keeps as the marker's key).
+Then the new owner finalises every request: per finalised marker (what
+``engine.finalised_ttl`` keeps), the bytes of its ``g:`` segments and of what the
+state hash still holds (each user's exposure and the codebook too), and what
+finalisation left allocated in the process, of which the markers' own arrays (the
+rest is one-off: modules finalisation imports first).
 """
 
 from __future__ import annotations
@@ -118,7 +120,7 @@ def main() -> None:
         loads.append(time.perf_counter() - started)
         loaded = other.owned[0].engine.open_requests()
         assert loaded == total, (loaded, engine.open_requests())
-    marker_redis, marker_process = _markers(other, raw, state, total)
+    markers = _markers(other, raw, state, total)
     print(f"machine: {machine()}")
     print(
         f"{args.requests:,} open requests of 20 items (with a diversity attribute), "
@@ -131,28 +133,48 @@ def main() -> None:
         f"  new owner's load of {total:,} (claim, read, rebuild): "
         f"median {statistics.median(loads):.2f} s"
     )
-    print(f"  Redis memory per finalised marker  : {marker_redis:,.0f} bytes")
-    print(f"  process memory per finalised marker: {marker_process:,.0f} bytes (tracemalloc)")
+    _print_markers(*markers)
     for key in raw.scan_iter(f"{{{prefix}:*", count=1000):
         raw.unlink(key)
     raw.delete(f"{{{prefix}:meta}}:layout")
 
 
-def _markers(tasks: Tasks, raw: redis.Redis, state: str, n: int) -> tuple[float, float]:
+def _print_markers(hash_bytes: float, segments: float, process: float, arrays: float) -> None:
+    print(f"  Redis per finalised marker, its segments (g:): {segments:,.1f} bytes")
+    print(f"    the state hash left (exposures, codebook too): {hash_bytes:,.0f} bytes")
+    print(f"  process memory per finalised marker: {process:,.0f} bytes (tracemalloc)")
+    print(f"    of which the markers' arrays     : {arrays:,.1f} bytes")
+
+
+def _markers(
+    tasks: Tasks, raw: redis.Redis, state: str, n: int
+) -> tuple[float, float, float, float]:
     """Finalise every open request of the loaded partition and checkpoint: bytes per
-    finalised marker in the state hash and in the process."""
+    finalised marker in the state hash (all it still holds), in its marker segments, in
+    the process, and in the markers' own arrays."""
     owned = tasks.owned[0]
     engine = owned.engine
     tracemalloc.start()
-    # every deadline passed; markers stay (they expire by the data's own time)
+    # every deadline passed; markers stay (they expire by the data's own time, the
+    # latest impression's)
+    latest = max(int(chunk.ts.max()) for chunk in engine.state.requests.chunks)
+    for clock in engine.inputs.values():
+        clock.max_event_ms = latest
     engine.watermark_ms = T0 + n + 86_400_000
     owned.done += engine.finalise_due()
     assert engine.open_requests() == 0
     tasks._checkpoint(0, owned)
     process = tracemalloc.get_traced_memory()[0] / n
     tracemalloc.stop()
-    assert len(engine.state.markers.final) == n
-    return int(raw.memory_usage(state, samples=0) or 0) / n, process  # type: ignore[arg-type]
+    markers = engine.state.markers
+    assert len(markers) == n
+    segments = sum(len(k) + len(v) for k, v in raw.hscan_iter(state, match="g:*", count=1000))
+    return (
+        int(raw.memory_usage(state, samples=0) or 0) / n,  # type: ignore[arg-type]
+        segments / n,
+        process,
+        markers.nbytes / n,
+    )
 
 
 if __name__ == "__main__":

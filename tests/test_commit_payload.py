@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import random
 from collections import Counter, defaultdict
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from evaluator.core.finalise import Finalised, OpenRequest
+from evaluator.core.sketch import hash_strings
 from evaluator.core.windows import AggregateLayout
+from evaluator.engine.chunks import Codebook
 from evaluator.engine.commit_payload import block_increments, coverage_updates
 
 T0 = 1_700_000_000_000
@@ -59,14 +62,19 @@ LAYOUTS = [
 ]
 
 
-def _contents(update) -> dict[str, set[str]]:
-    """Each sketch's items of the batch: its own positions and the sketches it holds
-    (which must come earlier)."""
-    out: dict[str, set[str]] = {}
+def _contents(update) -> dict[str, set[int]]:
+    """Each sketch's item hashes of the batch: its own positions and the sketches it
+    holds (which must come earlier)."""
+    out: dict[str, set[int]] = {}
     for key, (positions, held) in update.sketches.items():
         assert all(other in out for other in held), key
-        out[key] = {update.items[i] for i in positions.tolist()}.union(*(out[o] for o in held))
+        own = set(update.hashes[positions].tolist())
+        out[key] = own.union(*(out[o] for o in held))
     return out
+
+
+def _hashed(items: list[str]) -> set[int]:
+    return set(hash_strings(items).tolist())
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -78,16 +86,39 @@ def test_coverage_items_per_sketch_match_the_per_request_rule(
     requests whose deadline falls in the bucket; the catalogue, every item shown."""
     done = _finalised(seed, layout)
     update = coverage_updates(done, layout, _key)
-    expected: dict[str, set[str]] = defaultdict(set)
+    expected: dict[str, set[int]] = defaultdict(set)
     longest = max(layout.windows_ms)
     for request, deadline in zip(done.requests, done.deadline_ms.tolist(), strict=True):
         for window in layout.windows_ms:
             start = _start(window, deadline, layout)
             for k in layout.ks:
-                expected[_key(window, start, request.variant, k)].update(request.items[:k])
-        expected[_key(longest, _start(longest, deadline, layout), "*", 0)].update(request.items)
+                key = _key(window, start, request.variant, k)
+                expected[key] |= _hashed(list(request.items[:k]))
+        expected[_key(longest, _start(longest, deadline, layout), "*", 0)] |= _hashed(
+            list(request.items)
+        )
     got = _contents(update)
     assert {k: v for k, v in got.items() if v} == {k: v for k, v in expected.items() if v}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_coded_items_hash_as_their_ids(seed: int) -> None:
+    """Items as codes of a codebook, hashed once per distinct string (grown between
+    batches): the same sketch contents as the item ids themselves."""
+    layout = LAYOUTS[0]
+    done = _finalised(seed, layout)
+    book = Codebook(f"p{n}" for n in range(40))  # some strings hashed before the rest
+    book.hashes()
+    coded = replace(
+        done,
+        requests=[replace(r, items=[book.code(i) for i in r.items]) for r in done.requests],
+        names=book.strings,
+        name_hashes=book.hashes(),
+    )
+    assert len(book) > 40
+    assert _contents(coverage_updates(coded, layout, _key)) == _contents(
+        coverage_updates(done, layout, _key)
+    )
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -99,7 +130,7 @@ def test_each_shown_item_is_placed_once_per_window_fed_by_items(layout: Aggregat
     direct = [w for w in layout.windows_ms if layout.sketch_source(w) is None]
     placed = sum(len(positions) for positions, _ in update.sketches.values())
     beyond = sum(max(0, len(r.items) - max(layout.ks)) for r in done.requests)
-    assert placed == (len(update.items) - beyond) * len(direct) + beyond
+    assert placed == (update.hashes.size - beyond) * len(direct) + beyond
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -18,6 +18,8 @@ from evaluator.core.decode import decode_impressions, decode_interactions
 from evaluator.core.finalise import Finalised
 from evaluator.engine import columns
 from evaluator.engine.chunks import decode_segment
+from evaluator.engine.markers import NONE_MS
+from evaluator.engine.markers import decode_segment as decode_marker_segment
 from evaluator.engine.partition import PartitionEngine
 from evaluator.engine.plan import EngineConfig
 from evaluator.engine.restore import restore_state
@@ -116,13 +118,15 @@ def apply_changes(changelog: dict[str, bytes], changes: dict[str, bytes | None])
             changelog[key] = value
 
 
-def live_markers(state: PartitionState) -> dict[str, tuple[int, tuple[str, ...]]]:
-    """The markers that count: (deadline, ids applied) of those not expired."""
+def live_markers(state: PartitionState) -> tuple[dict[int, int], set[int]]:
+    """The markers that count (hash -> deadline) and the applied interactions' hashes."""
+    return state.markers.live()
+
+
+def held(state: PartitionState, rid: str) -> bool:
+    """Whether the request's marker is in memory (expired or not)."""
     markers = state.markers
-    bound = -(2**62) if markers.before_ms is None else markers.before_ms
-    return {
-        rid: (d, markers.applied.get(rid, ())) for rid, d in markers.final.items() if d >= bound
-    }
+    return bool(markers.final.find(markers.keys([rid]))[0] != NONE_MS)
 
 
 def assert_same_state(restored: PartitionState, live: PartitionState) -> None:
@@ -218,17 +222,20 @@ def test_markers_expire_alike_in_memory_and_restored(seed: int, restore_every: i
     )
     apply_changes(changelog, engine.take()[0])
     before = msgspec.msgpack.decode(changelog["m:"])
-    segments = [msgspec.msgpack.decode(v) for k, v in changelog.items() if k[0] == "g"]
+    segments = [
+        decode_marker_segment(msgspec.msgpack.decode(v))
+        for k, v in changelog.items()
+        if k[0] == "g"
+    ]
     assert segments, "no marker segment left: the stream must end inside the TTL"
-    for rows in segments:  # the expired segments went; these still hold live markers
-        assert max(d for _, d, _ in rows) >= before
+    for _, deadlines, _, applied in segments:  # the expired went; these hold live markers
+        assert max(deadlines.max(initial=0), applied.max(initial=0)) >= before
     state = engine.state
-    assert live_markers(state)
-    # an expired marker lingers in memory only in a segment that still holds live ones
-    lingering = {rid for rid, d in state.markers.final.items() if d < before}
-    held = {rid for rids in state.markers.members.values() for rid in rids}
-    assert lingering <= held
-    assert state.markers.members.keys() == {k for k in changelog if k[0] == "g"}
+    assert live_markers(state)[0]
+    # an expired marker lingers in memory only in a run that still holds live ones
+    for runs in (state.markers.final, state.markers.applied):
+        assert all(run.last >= before for run in runs.runs)
+    assert {name for _, name in state.markers.segments} == {k for k in changelog if k[0] == "g"}
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -329,10 +336,10 @@ def test_an_expired_marker_still_in_memory_counts_for_nothing() -> None:
         assert "g:0" in changelog
         if restored:
             state = restore_state(changelog.items(), config.finalise.deadline, config.history_cap)
-            assert "q1" not in state.markers.final
+            assert not held(state, "q1")
             engine = PartitionEngine(0, config, state, engine.watermark_ms, engine.input_times())
         else:
-            assert "q1" in engine.state.markers.final  # expired, still in memory
+            assert held(engine.state, "q1")  # expired, still in memory
         step(
             engine,
             [imp("q1", t0), click("c1", "q1", t0 + 1), click("c2", "q2", t0 + gap)],
@@ -373,10 +380,10 @@ def test_a_request_finalised_and_opened_again_between_checkpoints_is_written_onc
     assert state.requests["q1"].timestamp_ms == later + 1
 
 
-def test_marker_fields_go_once_expired_in_memory_and_restored() -> None:
-    """A marker changed after its segment was written (an interaction counted late) has
-    an ``f:`` field. Once it has expired the field is deleted: with its segment in the
-    engine that wrote it, at once by a new owner that loads it expired."""
+def test_a_late_interaction_is_counted_once_and_its_hash_goes_with_its_marker() -> None:
+    """An interaction naming a finalised request is late once: redelivered (in the same
+    batch, a later one, or to a new owner) it is a duplicate. Its hash is written in
+    the next segment, which is deleted once its marker has expired."""
     settings = load_settings(environ={})
     ttl = 30 * 60_000
     config = dataclasses.replace(engine_config(settings), finalised_ttl_ms=ttl)
@@ -386,7 +393,17 @@ def test_marker_fields_go_once_expired_in_memory_and_restored() -> None:
         ("impressions", {**event, "event_id": "i1", "request_id": "q1", "timestamp": t0}),
         ("impressions", {**event, "event_id": "i2", "request_id": "q2", "timestamp": t0 + gap}),
     ]
-    late = {"event_id": "c1", "request_id": "q1", "user_id": "u", "item_id": "x"}
+    late = (
+        "interactions",
+        {
+            "event_id": "c1",
+            "request_id": "q1",
+            "user_id": "u",
+            "item_id": "x",
+            "type": "click",
+            "timestamp": t0 + 1,
+        },
+    )
     for restored in (False, True):
         engine = PartitionEngine(0, config)
         changelog: dict[str, bytes] = {}
@@ -394,25 +411,69 @@ def test_marker_fields_go_once_expired_in_memory_and_restored() -> None:
         engine.watermark_ms = config.finalise.deadline(t0 + gap)
         engine.finalise_due()
         apply_changes(changelog, engine.take()[0])
-        step(engine, [("interactions", {**late, "type": "click", "timestamp": t0 + 1})], settings)
-        apply_changes(changelog, engine.take()[0])
-        assert "f:q1" in changelog
-        # q1's marker expires, q2's not: the field stays with the segment that holds both
+        assert sorted(k for k in changelog if k[0] in "gk") == ["g:0", "k:"]
+        step(engine, [late, late], settings)
+        changes, counts = engine.take()
+        assert (counts.late, counts.duplicates) == (1, 1)
+        assert "g:1" in changes  # the late interaction's hash
+        apply_changes(changelog, changes)
+        if restored:
+            state = restore_state(changelog.items(), config.finalise.deadline, config.history_cap)
+            assert_same_state(state, engine.state)
+            engine = PartitionEngine(0, config, state, engine.watermark_ms, engine.input_times())
+        step(engine, [late], settings)
+        counts = engine.take()[1]
+        assert (counts.late, counts.duplicates) == (0, 1), restored
+        # q1's marker expires (the late hash with it), then q2's
         for ts in (config.finalise.deadline(t0) + ttl + 1, t0 + 10 * ttl):
             imp = {**event, "event_id": f"i{ts}", "request_id": f"q{ts}", "timestamp": ts}
             step(engine, [("impressions", imp)], settings)
             engine.finalise_due()
             apply_changes(changelog, engine.take()[0])
-            if "q1" in engine.state.markers.final:
-                assert {"f:q1", "g:0"} <= changelog.keys()
-                if restored:  # a new owner loads it expired
-                    state = restore_state(
-                        changelog.items(), config.finalise.deadline, config.history_cap
-                    )
-                    assert "q1" not in state.markers.final
-                    watermark, times = engine.watermark_ms, engine.input_times()
-                    engine = PartitionEngine(0, config, state, watermark, times)
-        assert not [key for key in changelog if key[0] in "fg"], restored
+        assert engine.state.markers.finalised(["q1", "q2"]) == [False, False]
+        assert not engine.state.markers.applied.runs
+        assert not {"g:0", "g:1"} & changelog.keys(), restored
+
+
+def test_markers_of_the_previous_format_are_read_and_go_once_expired() -> None:
+    """Versions before hashed markers wrote rows of ids (``g:``) and ``f:<request>``
+    overrides, without a seed: a new owner reads them (a redelivery of what they
+    hold is a duplicate, an interaction they do not hold is late), deletes an
+    ``f:`` field loaded expired at once, and the others as they expire."""
+    settings = load_settings(environ={})
+    config = engine_config(settings)
+    encode = msgspec.msgpack.encode
+    t0 = 1_000_000_000
+    old = {
+        "m:": encode(t0),
+        "g:3": encode([["q1", t0 + 10, ["c1"]], ["q2", t0 + 20, []], ["q0", t0 - 5, []]]),
+        "f:q2": encode([t0 + 20, ["c2"]]),
+        "f:q0": encode([t0 - 5, ["c0"]]),
+    }
+    state = restore_state(old.items(), config.finalise.deadline, config.history_cap)
+    assert state.changes == {"f:q0": None}
+    assert state.markers.finalised(["q1", "q2", "q0", "q3"]) == [True, True, False, False]
+    engine = PartitionEngine(0, config, state, t0, {"impressions": t0, "interactions": t0})
+    engine.take()
+
+    def click(eid: str, rid: str) -> tuple[str, dict[str, Any]]:
+        event = {"event_id": eid, "request_id": rid, "user_id": "u", "item_id": "x"}
+        return "interactions", {**event, "type": "click", "timestamp": t0}
+
+    imp = {"event_id": "i1", "request_id": "q1", "user_id": "u", "variant": "a"}
+    step(engine, [click("c1", "q1"), click("c2", "q2"), click("c9", "q2")], settings)
+    step(engine, [("impressions", {**imp, "timestamp": t0, "items": ["x"]})], settings)
+    changes, counts = engine.take()
+    assert (counts.late, counts.duplicates) == (1, 3)  # c9 late; c1, c2, q1 duplicates
+    assert {"k:", "g:4"} <= changes.keys()  # the seed with the first hashes written
+    step(engine, [click("c8", "q1"), click("c9", "q2")], settings)
+    changes, counts = engine.take()
+    assert (counts.late, counts.duplicates, "k:" in changes) == (1, 1, False)
+    assert "g:5" in changes
+    engine.state.markers.expire(t0 + 15)
+    assert engine.state.changes.keys() >= {"m:"} and "g:3" not in engine.state.changes
+    engine.state.markers.expire(t0 + 21)
+    assert {"g:3", "f:q2"} <= engine.state.changes.keys()
 
 
 def test_segments_hold_at_most_segment_rows_and_restore_whole() -> None:
@@ -444,7 +505,11 @@ def test_segments_hold_at_most_segment_rows_and_restore_whole() -> None:
     assert not [key for key in changelog if key.startswith("i:")]
     for kind in "tgj":
         sizes = [
-            decode_segment(v).size if kind == "t" else len(msgspec.msgpack.decode(v))
+            decode_segment(v).size
+            if kind == "t"
+            else decode_marker_segment(msgspec.msgpack.decode(v))[0].size
+            if kind == "g"
+            else len(msgspec.msgpack.decode(v))
             for k, v in changelog.items()
             if k[0] == kind
         ]

@@ -32,6 +32,7 @@ from evaluator.core.metrics.overlap import rbo
 from evaluator.core.metrics.setlevel import encode_top, intra_list_diversity
 from evaluator.core.propensity.estimation import Observation, clicked_positions
 from evaluator.core.scoring import ScoringConfig, score_sparse
+from evaluator.core.sketch import U64, hash_strings
 from evaluator.core.windows import (
     AggregateLayout,
     contribution_rows,
@@ -112,6 +113,9 @@ class Finalised:
     names: Sequence[str] | None = None
     """The strings the requests' items are codes of (the partition's codebook, which
     the join and scores need not read); None: they are item ids."""
+    name_hashes: U64 | None = None
+    """:func:`~evaluator.core.sketch.hash_strings` of at least every name in use (so
+    coverage hashes each distinct item once, not each time it is shown)."""
 
     def shown(self) -> list[Sequence[str]]:
         """Each request's item ids (what coverage counts)."""
@@ -133,6 +137,12 @@ class Finalised:
             attributes=self.ids(request.attributes),
             shadow=self.ids(request.shadow),
         )
+
+    def item_hashes(self, items: Sequence[ItemKey]) -> U64:
+        """Stable hashes of the given items (of the requests: ids or codes)."""
+        if self.names is None or self.name_hashes is None:
+            return hash_strings(self.ids(items))
+        return self.name_hashes[np.asarray(items, dtype=np.intp)]
 
     def ids(self, items: Sequence[ItemKey]) -> list[str]:
         """Item ids of the requests' items (codes are decoded)."""
@@ -318,6 +328,7 @@ def finalise(
     history: History | None = None,
     *,
     names: Sequence[str] | None = None,
+    name_hashes: U64 | None = None,
 ) -> Finalised:
     """Score due requests; the caller adds the rows to the window buckets atomically.
 
@@ -326,7 +337,8 @@ def finalise(
 
     ``partition``: the requests belong to that partition's shard (the partition-owned
     engine); None: users are spread over shards by hash (the shared-state pipeline).
-    ``names``: the items (of requests and interactions) are codes of these strings."""
+    ``names``: the items (of requests and interactions) are codes of these strings, of
+    stable hashes ``name_hashes``."""
     rules, layout = config.rules, config.layout
     outcomes: Counter[str] = Counter()
     impression_ms = np.fromiter(
@@ -362,6 +374,7 @@ def finalise(
         propensity_positions=config.propensity_positions,
         loose_taken=taken,
         names=names,
+        name_hashes=name_hashes,
     )
     if config.propensity_positions:
         done.observations = observations(

@@ -38,19 +38,21 @@ def byte_columns(
         yield rows, buffer[np.arange(length)[:, None] + starts[rows]].astype(np.uint64)
 
 
-def hash_strings(values: Sequence[str]) -> U64:
+def hash_strings(values: Sequence[str], seed: int = 0) -> U64:
     """Stable 64-bit hashes of strings, vectorised over the batch (loops over characters):
-    FNV-1a over the code points, then :func:`_fmix64`."""
+    FNV-1a over the code points, then :func:`_fmix64`. ``seed`` (64 bits) changes the
+    starting state: hashes of a secret seed cannot be made to collide on purpose."""
     if len(values) == 0:
         return np.zeros(0, dtype=np.uint64)
+    basis = _FNV_OFFSET ^ np.uint64(seed)
     joined = "".join(values)
     if not joined.isascii():
-        return _hash_code_points(values)
+        return _hash_code_points(values, basis)
     # ASCII: one byte per code point, gathered from one buffer per group of equal length
     lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
     out = np.empty(len(values), dtype=np.uint64)
     for rows, chars in byte_columns(joined.encode("ascii"), lengths):
-        h = np.full(len(rows), _FNV_OFFSET, dtype=np.uint64)
+        h = np.full(len(rows), basis, dtype=np.uint64)
         with np.errstate(over="ignore"):
             for column in chars:
                 h ^= column
@@ -60,13 +62,13 @@ def hash_strings(values: Sequence[str]) -> U64:
         return _fmix64(out)
 
 
-def _hash_code_points(values: Sequence[str]) -> U64:
+def _hash_code_points(values: Sequence[str], basis: np.uint64) -> U64:
     """:func:`hash_strings` for any strings, through a fixed-width UCS-4 array."""
     arr = np.asarray(values, dtype=np.str_)
     width = arr.dtype.itemsize // 4
     codes = arr.view(np.uint32).reshape(len(arr), width).astype(np.uint64)
     lengths = np.char.str_len(arr)
-    h = np.full(len(arr), _FNV_OFFSET, dtype=np.uint64)
+    h = np.full(len(arr), basis, dtype=np.uint64)
     with np.errstate(over="ignore"):
         for col in range(width):
             stepped = (h ^ codes[:, col]) * _FNV_PRIME

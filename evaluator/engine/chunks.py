@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from evaluator.core.finalise import OpenRequest
+from evaluator.core.sketch import U64, hash_strings
 
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
@@ -34,13 +35,28 @@ class Codebook:
     """Strings as ``int32`` codes: one entry per distinct item id, attribute value or
     label of the partition's open requests, each string kept once."""
 
-    __slots__ = ("codes", "strings")
+    __slots__ = ("_hashed", "_hashes", "codes", "strings")
 
     def __init__(self, strings: Iterable[str] = ()) -> None:
         self.strings: list[str] = []
         self.codes: dict[str, int] = {}
+        self._hashes = np.zeros(0, dtype=np.uint64)
+        self._hashed = 0
         for s in strings:
             self.code(s)
+
+    def hashes(self) -> U64:
+        """:func:`~evaluator.core.sketch.hash_strings` of every string, code-indexed
+        (each string hashed once; the array returned stays valid as strings are added)."""
+        n = len(self.strings)
+        if self._hashed < n:
+            if self._hashes.size < n:  # grown by half again: amortised copies
+                grown = np.zeros(max(n, self._hashes.size * 3 // 2), dtype=np.uint64)
+                grown[: self._hashed] = self._hashes[: self._hashed]
+                self._hashes = grown
+            self._hashes[self._hashed : n] = hash_strings(self.strings[self._hashed : n])
+            self._hashed = n
+        return self._hashes[:n]
 
     def code(self, value: str) -> int:
         found = self.codes.get(value)

@@ -22,6 +22,7 @@ import numpy.typing as npt
 from evaluator.core.experiments import SEP
 from evaluator.core.finalise import Finalised
 from evaluator.core.propensity.estimation import Observation, counter_day, increments
+from evaluator.core.sketch import U64
 from evaluator.core.windows import AggregateLayout, block_ttl_s
 
 FloatArray = npt.NDArray[np.float64]
@@ -94,11 +95,11 @@ def merge_increments(parts: list[dict[str, FloatArray]]) -> dict[str, FloatArray
 @dataclass(slots=True)
 class CoverageUpdate:
     """What one batch of finalised requests adds to the coverage sketches: every shown
-    item once (``items``, flattened in request order) and, per sketch the batch
-    touches, the positions in ``items`` added to it directly and the sketches (earlier
-    in ``sketches``) whose items of this batch it holds too."""
+    item's stable hash once (``hashes``, flattened in request order) and, per sketch
+    the batch touches, the positions in ``hashes`` added to it directly and the
+    sketches (earlier in ``sketches``) whose items of this batch it holds too."""
 
-    items: list[str]
+    hashes: U64
     sketches: dict[str, tuple[npt.NDArray[np.intp], list[str]]]
 
 
@@ -116,13 +117,13 @@ def coverage_updates(
     beyond max(K). The writer builds each sketch's part of the batch in the process
     and merges it into the stored sketch once: no merges between stored sketches,
     each of which costs Redis a pass over all 16,384 registers. Computed over arrays
-    (no per-item Python work): the caller hashes ``items`` once."""
+    (no per-item Python work), over each shown item's stable hash."""
     requests = finalised.requests
     lists = [r.items for r in requests]
     lengths = np.fromiter(map(len, lists), dtype=np.intp, count=len(lists))
-    items = finalised.ids(list(chain.from_iterable(lists)))
+    hashes = finalised.item_hashes(list(chain.from_iterable(lists)))
     row = np.repeat(np.arange(len(lists)), lengths)
-    rank = np.arange(len(items)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    rank = np.arange(hashes.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     ks = sorted(layout.ks)
     # cut-off level of each shown item: ranks (ks[j-1], ks[j]] go to the top-ks[j] sketch
     level = np.searchsorted(np.asarray(ks), rank, side="right")
@@ -131,7 +132,7 @@ def coverage_updates(
         (names.setdefault(r.variant, len(names)) for r in requests), np.int64, len(requests)
     )
     variants = list(names)
-    out = CoverageUpdate(items, {})
+    out = CoverageUpdate(hashes, {})
     longest, widest = max(layout.windows_ms), max(ks)
     tops: dict[int, list[str]] = {}  # longest-window bucket -> its top max(K) sketches
     placed: list[tuple[int, int, str, int, str]] = []  # (window, start, variant, k, name)

@@ -3,169 +3,368 @@ interactions each one applied or counted late. Pure: no I/O.
 
 A marker makes a redelivered impression a duplicate and an interaction naming a
 finalised request late (or a duplicate, when it applied already). Markers live for
-``finalised_ttl`` of data time, millions of them, so each costs only its deadline
-(and the ids, when it has some). They are written as segments: ``g:<n>`` holds the
-markers of the requests finalised between two checkpoints, ``m:`` the bound below
-which markers have expired, and a marker changed after its segment was written (an
-interaction counted late) gets an ``f:<request>`` field that overrides its row.
+``finalised_ttl`` of data time, millions of them, so none is an object or keeps an
+id: a marker is the 64-bit hash of its request id and its deadline, and each
+interaction it applied or counted late is the 64-bit hash of (request, event,
+deadline). The hashes are keyed with the partition's own random seed (field ``k:``),
+so nobody can choose ids that collide; by chance two of 10 million live ids collide
+with a probability of about 1 in 370,000, and such a collision counts one new
+request as a duplicate.
 
-A marker counts while its deadline is at or after the bound. In memory it is
-dropped with its segment, once every marker in that segment has expired, not one by
-one (a heap entry each would cost more than the marker): until then an expired
+In memory the hashes are sorted runs with their deadlines, merged as they come (an
+entry is copied a logarithmic number of times) and looked up a batch at a time. In
+the changelog, ``g:<n>`` holds those added between two checkpoints (hash bytes and
+deadline offsets), ``m:`` the bound below which markers have expired. A marker
+counts while its deadline is at or after the bound. A segment is deleted, and a run
+dropped from memory, once everything in it has expired; until then an expired
 marker stays and counts for nothing, exactly as in a state rebuilt from the
-changelog, which loads only the markers that count.
+changelog. Versions before hashed markers wrote rows of ids in ``g:`` and
+``f:<request>`` overrides: they are read (hashed on load) and deleted as they expire.
 """
 
 from __future__ import annotations
 
 import heapq
+import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
+import numpy.typing as npt
+
+from evaluator.core.sketch import hash_strings
 from evaluator.engine.records import encode
+
+U64 = npt.NDArray[np.uint64]
+I64 = npt.NDArray[np.int64]
+
+MARKER_FORMAT = 2
+"""The version of a ``g:`` segment's layout (its first element; older ones are rows)."""
+RUN_ROWS = 1 << 18
+"""Runs stop merging at this size: a full run is dropped whole once it has expired."""
+NONE_MS = -(2**63)
+"""The deadline found for a hash that is not held."""
+EARLIEST_MS = -(2**62)
 
 
 class Changelog(Protocol):
     """Where the markers record their changes: the partition's changelog."""
 
-    def create(self, name: str, value: bytes) -> None: ...
-
-    def delete(self, name: str) -> None: ...
-
     def set(self, name: str, value: bytes | None) -> None: ...
 
 
 @dataclass(slots=True)
+class Run:
+    """Sorted unique hashes with the largest deadline of each."""
+
+    keys: U64
+    deadlines: I64
+    last: int
+    """The largest deadline: the run expires whole after it."""
+
+    @classmethod
+    def of(cls, keys: U64, deadlines: I64, before_ms: int) -> Run | None:
+        """The entries at or after ``before_ms`` (None when none is)."""
+        keep = deadlines >= before_ms
+        if not keep.all():
+            keys, deadlines = keys[keep], deadlines[keep]
+        if not keys.size:
+            return None
+        order = np.argsort(keys, kind="stable")  # linear over a few sorted runs
+        keys, deadlines = keys[order], deadlines[order]
+        repeated = keys[1:] == keys[:-1]
+        if repeated.any():  # a hash held twice (finalised again): its largest deadline
+            first = np.flatnonzero(np.concatenate([[True], ~repeated]))
+            keys, deadlines = keys[first], np.maximum.reduceat(deadlines, first)
+        return cls(keys, deadlines, int(deadlines.max()))
+
+    def find(self, keys: U64, found: I64) -> None:
+        """Raise ``found`` to the deadline of each of ``keys`` held (sorted keys: the
+        searches walk the run in order)."""
+        at = np.searchsorted(self.keys, keys)
+        np.minimum(at, self.keys.size - 1, out=at)
+        hit = self.keys[at] == keys
+        np.maximum(found, np.where(hit, self.deadlines[at], NONE_MS), out=found)
+
+
+@dataclass(slots=True)
+class HashRuns:
+    """Hashes with deadlines, as runs merged binary-counter style (see :class:`Run`)."""
+
+    runs: list[Run] = field(default_factory=list)
+
+    def add(self, keys: U64, deadlines: I64, before_ms: int) -> None:
+        run = Run.of(keys, deadlines, before_ms)
+        if run is None:
+            return
+        runs = self.runs
+        runs.append(run)
+        while len(runs) >= 2 and runs[-2].keys.size <= runs[-1].keys.size:
+            a, b = runs[-2], runs[-1]
+            if a.keys.size + b.keys.size > RUN_ROWS:
+                break
+            merged = Run.of(
+                np.concatenate([a.keys, b.keys]),
+                np.concatenate([a.deadlines, b.deadlines]),
+                before_ms,
+            )
+            runs[-2:] = [merged] if merged is not None else []
+
+    def find(self, keys: U64) -> I64:
+        """Each hash's largest deadline held (:data:`NONE_MS`: none)."""
+        if not keys.size or not self.runs:
+            return np.full(keys.size, NONE_MS, dtype=np.int64)
+        order = np.argsort(keys)
+        ordered = keys[order]
+        found = np.full(keys.size, NONE_MS, dtype=np.int64)
+        for run in self.runs:
+            run.find(ordered, found)
+        out = np.empty_like(found)
+        out[order] = found
+        return out
+
+    def expire(self, before_ms: int) -> None:
+        self.runs = [run for run in self.runs if run.last >= before_ms]
+
+    def live(self, before_ms: int) -> dict[int, int]:
+        """Hash -> deadline of the entries at or after ``before_ms``."""
+        out: dict[int, int] = {}
+        for run in self.runs:
+            for key, deadline in zip(run.keys.tolist(), run.deadlines.tolist(), strict=True):
+                if deadline >= before_ms and deadline > out.get(key, NONE_MS):
+                    out[key] = deadline
+        return out
+
+    def __len__(self) -> int:
+        return sum(run.keys.size for run in self.runs)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(run.keys.nbytes + run.deadlines.nbytes for run in self.runs)
+
+
+@dataclass(slots=True)
+class Pending:
+    """Hashes and deadlines added since the last flush (the next segment's)."""
+
+    keys: list[U64] = field(default_factory=list)
+    deadlines: list[I64] = field(default_factory=list)
+
+    def add(self, keys: U64, deadlines: I64) -> None:
+        if keys.size:
+            self.keys.append(keys)
+            self.deadlines.append(deadlines)
+
+    def take(self) -> tuple[U64, I64]:
+        keys = np.concatenate(self.keys) if self.keys else np.zeros(0, np.uint64)
+        deadlines = np.concatenate(self.deadlines) if self.deadlines else np.zeros(0, np.int64)
+        self.keys, self.deadlines = [], []
+        return keys, deadlines
+
+    def __len__(self) -> int:
+        return sum(k.size for k in self.keys)
+
+
+def _new_seed() -> int:
+    return secrets.randbits(64)
+
+
+@dataclass(slots=True, eq=False)
 class Markers:
     """The finalised markers of one partition (see the module docstring)."""
 
-    log: Changelog = field(repr=False, compare=False)
-    """The partition's changelog (its state holds these markers: not compared)."""
-    final: dict[str, int] = field(default_factory=dict)
-    """Finalised request -> its deadline (counts only at or after :attr:`before_ms`)."""
-    applied: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    """Finalised request -> sorted ids of the interactions applied or counted late (a
-    tuple, not a set: most hold one or two ids); absent when none."""
+    log: Changelog = field(repr=False)
+    seed: int = field(default_factory=_new_seed)
+    """Keys every hash (field ``k:``, written with the first segment)."""
+    seed_written: bool = False
+    final: HashRuns = field(default_factory=HashRuns)
+    """Finalised requests' hashes -> their deadlines."""
+    applied: HashRuns = field(default_factory=HashRuns)
+    """Hashes of (request, event, deadline) of the interactions applied or counted late."""
     before_ms: int | None = None
     """Markers whose deadline is before this have expired (field ``m:``)."""
-    marked: dict[str, None] = field(default_factory=dict)
-    """Requests finalised since the last flush: their markers go in one segment."""
+    new_final: Pending = field(default_factory=Pending)
+    new_applied: Pending = field(default_factory=Pending)
     segments: list[tuple[int, str]] = field(default_factory=list)
-    """Heap of (largest deadline, field name) of the stored segments (``g:<n>``)."""
-    members: dict[str, list[str]] = field(default_factory=dict)
-    """Segment -> the requests whose markers it holds: dropped from memory with it."""
+    """Heap of (largest deadline, field name) of the stored segments (``g:<n>``, and
+    ``f:<request>`` fields of older versions)."""
     next_segment: int = 0
-    overridden: set[str] = field(default_factory=set)
-    """Finalised requests whose marker is stored as its own ``f:`` field."""
-    fielded: list[tuple[int, str]] = field(default_factory=list)
-    """Heap of (deadline, request) of markers loaded from ``f:`` fields, outside any
-    segment's members: each is dropped when it expires."""
 
-    def deadline(self, rid: str) -> int | None:
-        """The deadline of a request's marker, None when it has none or it expired."""
-        deadline = self.final.get(rid)
-        bound = self.before_ms
-        if deadline is None or (bound is not None and deadline < bound):
-            return None
-        return deadline
+    @property
+    def bound(self) -> int:
+        return EARLIEST_MS if self.before_ms is None else self.before_ms
 
-    def add(self, rid: str, deadline: int, ids: tuple[str, ...]) -> None:
-        """Mark a request final (it goes in the next flush's segment)."""
-        self.final[rid] = deadline
-        if ids:
-            self.applied[rid] = ids
-        elif self.applied:  # an expired marker of the same request may linger
-            self.applied.pop(rid, None)
-        self.marked[rid] = None
+    def keys(self, rids: Sequence[str]) -> U64:
+        return hash_strings(rids, self.seed)
 
-    def change(self, rid: str, deadline: int, ids: tuple[str, ...]) -> None:
-        """Change a marker's ids (an interaction counted late); ``ids`` sorted. It stays
-        in its segment's members (its expiry is the segment's)."""
-        self.final[rid] = deadline
-        self.applied[rid] = ids
-        if rid in self.marked:  # its segment is not written yet
-            return
-        value = encode((deadline, ids))
-        if rid in self.overridden:
-            self.log.set("f:" + rid, value)
-        else:  # a field of its own overrides the written segment's row
-            self.overridden.add(rid)
-            self.log.create("f:" + rid, value)
+    def pair_keys(self, rids: Sequence[str], eids: Sequence[str], deadlines: Sequence[int]) -> U64:
+        joined = [f"{r}\x1f{e}\x1f{d}" for r, e, d in zip(rids, eids, deadlines, strict=True)]
+        return hash_strings(joined, self.seed)
+
+    def deadlines(self, rids: Sequence[str]) -> list[int | None]:
+        """The deadline of each request's marker, None when it has none that counts."""
+        found = self.final.find(self.keys(rids))
+        bound = self.bound
+        return [d if d >= bound else None for d in found.tolist()]
+
+    def finalised(self, rids: Sequence[str]) -> list[bool]:
+        """Whether each request has a marker that counts."""
+        if not rids:
+            return []
+        return (self.final.find(self.keys(rids)) >= self.bound).tolist()  # type: ignore[no-any-return]
+
+    def were_applied(self, keys: U64) -> list[bool]:
+        """Whether each (request, event, deadline) hash was applied or counted late."""
+        return (self.applied.find(keys) >= self.bound).tolist()  # type: ignore[no-any-return]
+
+    def add(
+        self,
+        rids: Sequence[str],
+        deadlines: Sequence[int],
+        applied: Sequence[tuple[str, str, int]] = (),
+    ) -> None:
+        """Mark requests final, with the (request, event, deadline) of the interactions
+        each applied; all go in the next flush's segment."""
+        if rids:
+            keys = self.keys(rids)
+            times = np.array(deadlines, dtype=np.int64)
+            self.final.add(keys, times, self.bound)
+            self.new_final.add(keys, times)
+        if applied:
+            rs, es, ds = zip(*applied, strict=True)
+            self.add_applied(self.pair_keys(rs, es, ds), np.array(ds, dtype=np.int64))
+
+    def add_applied(self, keys: U64, deadlines: I64) -> None:
+        """Interactions counted late (their hashes, their markers' deadlines)."""
+        self.applied.add(keys, deadlines, self.bound)
+        self.new_applied.add(keys, deadlines)
+
+    def pending(self) -> int:
+        return len(self.new_final) + len(self.new_applied)
 
     def expire(self, before_ms: int) -> None:
-        """Move the expiry bound to ``before_ms`` (never back): drop the segments whose
-        markers have all expired, and the markers loaded from expired fields."""
+        """Move the expiry bound to ``before_ms`` (never back): drop the runs and
+        delete the segments whose markers have all expired."""
         if self.before_ms is not None and before_ms <= self.before_ms:
             return
         self.before_ms = before_ms
         self.log.set("m:", encode(before_ms))
-        fielded = self.fielded
-        while fielded and fielded[0][0] < before_ms:
-            self.drop(heapq.heappop(fielded)[1], before_ms)
+        self.final.expire(before_ms)
+        self.applied.expire(before_ms)
         segments = self.segments
         while segments and segments[0][0] < before_ms:
-            name = heapq.heappop(segments)[1]
-            self.log.set(name, None)
-            for rid in self.members.pop(name, ()):
-                self.drop(rid, before_ms)
-
-    def drop(self, rid: str, before_ms: int) -> None:
-        """Forget a request's marker if it has expired (a newer marker of the same
-        request, finalised again after the old one expired, stays)."""
-        deadline = self.final.get(rid)
-        if deadline is None or deadline >= before_ms:
-            return
-        del self.final[rid]
-        self.applied.pop(rid, None)
-        self.marked.pop(rid, None)
-        if rid in self.overridden:
-            self.overridden.discard(rid)
-            self.log.delete("f:" + rid)
+            self.log.set(heapq.heappop(segments)[1], None)
 
     def write(self, out: dict[str, bytes | None], rows: int) -> None:
-        """The markers of the requests finalised since the last flush: one segment (or
-        several of ``rows`` rows)."""
-        final, applied = self.final, self.applied
-        # a marker dropped before this flush left :attr:`marked` with it
-        rids = list(self.marked)
-        self.marked = {}
-        for start in range(0, len(rids), rows):
-            part = rids[start : start + rows]
+        """What was added since the last flush: segments of at most ``rows`` hashes
+        each (the seed with the first)."""
+        if not self.pending():
+            return
+        if not self.seed_written:
+            out["k:"] = encode(self.seed)
+            self.seed_written = True
+        keys, deadlines = self.new_final.take()
+        pairs, pair_deadlines = self.new_applied.take()
+        for start in range(0, max(keys.size, pairs.size), rows):
+            part = slice(start, start + rows)
             name = f"g:{self.next_segment}"
             self.next_segment += 1
-            out[name] = encode([(rid, final[rid], applied.get(rid, ())) for rid in part])
-            heapq.heappush(self.segments, (max(final[rid] for rid in part), name))
-            self.members[name] = part
+            segment = (keys[part], deadlines[part], pairs[part], pair_deadlines[part])
+            out[name] = encode_segment(*segment)
+            heapq.heappush(self.segments, (_last(segment), name))
 
-    def load(
-        self,
-        segments: list[tuple[str, list[list[Any]]]],
-        fields: list[tuple[str, list[Any]]],
-    ) -> None:
-        """Rebuild from stored segments and ``f:`` fields (:attr:`before_ms` set first):
-        the markers that have not expired; a field loaded expired is deleted."""
-        before = -(2**62) if self.before_ms is None else self.before_ms
-        final, applied = self.final, self.applied
+    def load(self, segments: list[tuple[str, Any]], fields: list[tuple[str, list[Any]]]) -> None:
+        """Rebuild from stored segments (and older versions' ``f:`` fields), with
+        :attr:`before_ms` and the seed they were hashed with (``k:``) set first (no
+        seed stored: the markers are all rows of ids); expired fields are deleted."""
+        parts: list[tuple[U64, I64, U64, I64]] = []
+        for name, value in segments:
+            part = decode_segment(value) if value and isinstance(value[0], int) else None
+            if part is None:  # rows of ids
+                part = self._hashed([(rid, d, ids) for rid, d, ids in value])
+            parts.append(part)
+            self.segments.append((_last(part), name))
+            self.next_segment = max(self.next_segment, int(name[2:]) + 1)
         for rid, (d, ids) in fields:
-            if d < before:  # expired while its segment still held live markers
+            if d < self.bound:  # expired while its segment still held live markers
                 self.log.set("f:" + rid, None)
                 continue
-            final[rid] = d
-            if ids:
-                applied[rid] = tuple(ids)
-            self.fielded.append((d, rid))
-            self.overridden.add(rid)
-        for name, rows in segments:
-            kept = []
-            for rid, d, ids in rows:
-                if d < before or rid in self.overridden:
-                    continue
-                final[rid] = d
-                if ids:
-                    applied[rid] = tuple(ids)
-                kept.append(rid)
-            self.members[name] = kept
-            self.segments.append((max(row[1] for row in rows), name))
-            self.next_segment = max(self.next_segment, int(name[2:]) + 1)
+            parts.append(self._hashed([(rid, d, ids)]))
+            self.segments.append((d, "f:" + rid))
         heapq.heapify(self.segments)
-        heapq.heapify(self.fielded)
+        if parts:
+            keys, deadlines, pairs, pair_deadlines = (
+                np.concatenate([p[i] for p in parts]) for i in range(4)
+            )
+            self.final.add(keys, deadlines, self.bound)
+            self.applied.add(pairs, pair_deadlines, self.bound)
+
+    def _hashed(self, rows: list[tuple[str, int, list[str]]]) -> tuple[U64, I64, U64, I64]:
+        """Rows of ids (request, deadline, event ids) as hashes."""
+        applied = [(rid, eid, d) for rid, d, ids in rows for eid in ids]
+        rs, es, ds = zip(*applied, strict=True) if applied else ((), (), ())
+        return (
+            self.keys([rid for rid, _, _ in rows]),
+            np.array([d for _, d, _ in rows], dtype=np.int64),
+            self.pair_keys(rs, es, ds),
+            np.array(ds, dtype=np.int64),
+        )
+
+    def live(self) -> tuple[dict[int, int], set[int]]:
+        """The markers that count (hash -> deadline) and the applied hashes that count:
+        what a state rebuilt from the changelog must equal."""
+        return self.final.live(self.bound), set(self.applied.live(self.bound))
+
+    def __len__(self) -> int:
+        """Markers held (expired ones included until their run goes)."""
+        return len(self.final)
+
+    @property
+    def nbytes(self) -> int:
+        return self.final.nbytes + self.applied.nbytes
+
+
+def _last(segment: tuple[U64, I64, U64, I64]) -> int:
+    """The largest deadline of a segment's hashes."""
+    return max(int(segment[1].max(initial=NONE_MS)), int(segment[3].max(initial=NONE_MS)))
+
+
+def _offsets(deadlines: I64, base: int) -> tuple[str, bytes]:
+    span = int(deadlines.max(initial=base)) - base
+    dtype = np.dtype("<u4") if span < 2**32 else np.dtype("<i8")
+    return dtype.str, (deadlines - base).astype(dtype).tobytes()
+
+
+def encode_segment(keys: U64, deadlines: I64, pairs: U64, pair_deadlines: I64) -> bytes:
+    """A ``g:`` segment: the hashes' bytes and each deadline as an offset from the
+    smallest (4 bytes where they span under 49 days)."""
+    base = int(min(deadlines.min(initial=2**62), pair_deadlines.min(initial=2**62)))
+    return encode(
+        [
+            MARKER_FORMAT,
+            base,
+            keys.astype("<u8").tobytes(),
+            *_offsets(deadlines, base),
+            pairs.astype("<u8").tobytes(),
+            *_offsets(pair_deadlines, base),
+        ]
+    )
+
+
+def decode_segment(value: list[Any]) -> tuple[U64, I64, U64, I64]:
+    """The hashes and deadlines of an encoded segment (its decoded msgpack list)."""
+    version, base, keys, dtype, offsets, pairs, pair_dtype, pair_offsets = value
+    if version != MARKER_FORMAT:
+        raise ValueError(f"marker segment of format {version}, not {MARKER_FORMAT}")
+
+    def times(dtype: str, raw: bytes) -> I64:
+        offsets: I64 = np.frombuffer(raw, dtype=np.dtype(dtype)).astype(np.int64)
+        return offsets + int(base)
+
+    return (
+        np.frombuffer(keys, dtype="<u8").astype(np.uint64),
+        times(dtype, offsets),
+        np.frombuffer(pairs, dtype="<u8").astype(np.uint64),
+        times(pair_dtype, pair_offsets),
+    )

@@ -33,6 +33,7 @@ from evaluator.core.finalise import (
     finalise,
 )
 from evaluator.core.join import UserImpressions, user_order
+from evaluator.engine.markers import Markers
 from evaluator.engine.plan import EngineConfig
 from evaluator.engine.records import impression_row
 from evaluator.engine.state import Changes, PartitionState
@@ -68,6 +69,40 @@ class StepCounts:
     outcomes: Counter[str] = field(default_factory=Counter)
     exposures: Counter[str] = field(default_factory=Counter)
     """Users first exposed, per ``experiment US variant``."""
+
+
+class _Late:
+    """The interactions of a batch that name a finalised request: each is late the
+    first time (its hash is recorded with its marker), a duplicate after."""
+
+    def __init__(self, markers: Markers, events: list[Any], marked: dict[str, int | None]):
+        self.markers = markers
+        self.at = [
+            n for n, it in enumerate(events) if it.request_id and marked[it.request_id] is not None
+        ]
+        deadlines = [marked[events[n].request_id] or 0 for n in self.at]  # none is None
+        rids = [events[n].request_id for n in self.at]
+        keys = markers.pair_keys(rids, [events[n].event_id for n in self.at], deadlines)
+        self.keys = dict(zip(self.at, keys.tolist(), strict=True))
+        self.deadline = dict(zip(self.at, deadlines, strict=True))
+        applied = markers.were_applied(keys)
+        self.known = {k for k, a in zip(keys.tolist(), applied, strict=True) if a}
+        self.new: list[int] = []
+
+    def count(self, n: int) -> bool:
+        """Whether event ``n`` is late (not applied or counted before)."""
+        key = self.keys[n]
+        if key in self.known:
+            return False
+        self.known.add(key)
+        self.new.append(n)
+        return True
+
+    def record(self) -> None:
+        if self.new:
+            keys = np.array([self.keys[n] for n in self.new], dtype=np.uint64)
+            deadlines = np.array([self.deadline[n] for n in self.new], dtype=np.int64)
+            self.markers.add_applied(keys, deadlines)
 
 
 class PartitionEngine:
@@ -106,8 +141,6 @@ class PartitionEngine:
 
     def _ingest_impressions(self, impressions: ImpressionBatch) -> None:
         state, counts = self.state, self.counts
-        markers = state.markers
-        final = markers.final
         delay = self.config.finalise.deadline(0)  # a constant delay after each impression
         attribute, shadow_of = self.config.attribute, self.config.shadow_of
         # experiments whose records were dropped (ended a horizon ago, by the data's own
@@ -115,11 +148,15 @@ class PartitionEngine:
         data_ms = self.data_time_ms()
         experiments = [e for e in self.config.experiments if not self._over(e, data_ms)]
         events = impressions.events
-        already = state.requests.contains([e.request_id for e in events])
+        rids = [e.request_id for e in events]
+        already = state.requests.contains(rids)
+        final = state.markers.finalised(rids)
         fresh: dict[str, tuple[Any, ...]] = {}
-        for event, ts, known in zip(events, impressions.timestamp_ms, already, strict=True):
+        for event, ts, known, done in zip(
+            events, impressions.timestamp_ms, already, final, strict=True
+        ):
             rid = event.request_id
-            if known or rid in fresh or (rid in final and markers.deadline(rid) is not None):
+            if known or done or rid in fresh:
                 counts.duplicates += 1
                 continue
             fresh[rid] = impression_row(event, ts, attribute, shadow_of)
@@ -132,14 +169,15 @@ class PartitionEngine:
 
     def _ingest_interactions(self, interactions: InteractionBatch) -> None:
         state, counts = self.state, self.counts
-        named_rid, seen, users, markers = state.named_rid, state.seen, state.users, state.markers
-        final, applied = markers.final, markers.applied
+        named_rid, seen, users = state.named_rid, state.seen, state.users
         loose_late_before = self._loose_late_before()
         events = interactions.events
         named_ids = list(dict.fromkeys(it.request_id for it in events if it.request_id))
         is_open = dict(zip(named_ids, state.requests.contains(named_ids), strict=True))
+        marked = dict(zip(named_ids, state.markers.deadlines(named_ids), strict=True))
+        late = _Late(state.markers, events, marked)
         times, grades = interactions.timestamp_ms, interactions.grade
-        for it, ts, grade in zip(events, times, grades, strict=True):
+        for n, (it, ts, grade) in enumerate(zip(events, times, grades, strict=True)):
             eid = it.event_id
             if eid in named_rid or eid in seen:
                 counts.duplicates += 1
@@ -152,23 +190,20 @@ class PartitionEngine:
                 state.add_history(it.user_id, eid, ts)
             named = it.request_id
             if named:
-                deadline = markers.deadline(named) if named in final else None
-                if deadline is None:
+                if marked[named] is None:
                     state.add_named(
                         named, PendingInteraction(eid, it.item_id, ts, grade), is_open[named]
                     )
-                    continue
-                ids = applied.get(named, ())
-                if eid in ids:
-                    counts.duplicates += 1
-                else:
-                    markers.change(named, deadline, tuple(sorted((*ids, eid))))
+                elif late.count(n):
                     counts.late += 1
+                else:
+                    counts.duplicates += 1
             elif ts < loose_late_before:
                 state.mark_seen(eid, ts)
                 counts.late += 1
             else:
                 state.add_loose(it.user_id, PendingInteraction(eid, it.item_id, ts, grade))
+        late.record()
 
     def _loose_late_before(self) -> int:
         if self.watermark_ms is None:
@@ -256,8 +291,15 @@ class PartitionEngine:
             groups = configure(due) if configure else [(self.config.finalise, due)]
             for config, group in groups:
                 loaded = [self._with_named(r) for r in group]
+                book = table.book
                 done = finalise(
-                    loaded, joined, config, self.partition, history, names=table.book.strings
+                    loaded,
+                    joined,
+                    config,
+                    self.partition,
+                    history,
+                    names=book.strings,
+                    name_hashes=book.hashes(),
                 )
                 self.counts.outcomes.update(done.outcomes)
                 done.experiment_rows = experiment_rows(self.config.experiments, done.requests)

@@ -4,9 +4,8 @@ loads. Pure (the store reads the fields).
 Segments hold rows that may be dead by now: a request segment's row is final once
 the finalisation watermark (``w:``) has passed its deadline, an interaction
 segment's row is consumed once its request is not open any more, and a marker
-segment's row has expired once its deadline is before the expiry bound (``m:``)
-or is overridden by an ``f:`` field. :mod:`evaluator.engine.state` lists the
-fields.
+segment's entry has expired once its deadline is before the expiry bound
+(``m:``). :mod:`evaluator.engine.state` lists the fields.
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ def restore_state(
         kind, key = name[0], name[2:]
         if kind in "tc":
             _collect_columns(state, name, raw, book=book, tables=tables)
-        elif kind in "srwdgm":
+        elif kind in "srwdgmk":
             _load_segmented(
                 state, kind, name, _decode(raw), deadline=deadline, rows=rows, markers=markers
             )
@@ -120,6 +119,8 @@ def _load_segmented(
         state.finalised_ms = value
     elif kind == "d":
         state.judged_delay_ms = value
+    elif kind == "k":  # the markers' hash seed
+        state.markers.seed, state.markers.seed_written = value, True
     else:  # "m"
         state.markers.before_ms = value
 
@@ -178,12 +179,10 @@ def _reopen_tables(state: PartitionState, tables: list[tuple[str, bytes]], deadl
     a segment's rows."""
     through = state.finalised_ms
     judged = state.delay_ms if state.judged_delay_ms is None else state.judged_delay_ms
-    final = state.markers.final
     for name, raw in tables:
         chunk = decode_segment(raw)
         state.segments.append((deadline(int(chunk.ts.max())), name))
-        ids = chunk.ids.texts(np.arange(chunk.size))
-        live = ~np.fromiter(map(final.__contains__, ids), bool, len(ids))
+        live = ~np.array(state.markers.finalised(chunk.ids.texts(np.arange(chunk.size))), bool)
         if through is not None:
             live &= chunk.ts + judged > through
         state.requests.add(chunk.take(np.flatnonzero(live)))
@@ -197,14 +196,16 @@ def _reopen(state: PartitionState, rows: list[list[Any]]) -> None:
     through = state.finalised_ms
     judged = state.delay_ms if state.judged_delay_ms is None else state.judged_delay_ms
     reopened: dict[str, list[Any]] = {}
+    rids = [row[0] for row in rows]
+    final = {rid for rid, done in zip(rids, state.markers.finalised(rids), strict=True) if done}
     for row in rows:
         rid, ts = row[0], row[3]
         if rid in state.legacy:
-            if rid in state.markers.final:  # its field should have gone with it
+            if rid in final:  # its field should have gone with it
                 state.legacy.discard(rid)
                 state.changes["r:" + rid] = None
                 continue
-        elif (through is not None and ts + judged <= through) or rid in state.markers.final:
+        elif (through is not None and ts + judged <= through) or rid in final:
             continue
         reopened[rid] = row
     state.requests.append(list(reopened.values()))

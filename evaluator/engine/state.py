@@ -7,7 +7,7 @@ history), each user's first exposure per experiment, and markers of what was
 finalised or counted late (so a redelivery is a duplicate, not new). Pure: no I/O.
 
 Every change is recorded as a field of the partition's changelog
-(``t:<n>``, ``c:<n>``, ``w:``, ``j:<n>``, ``g:<n>``, ``m:``, ``f:<request>``,
+(``t:<n>``, ``c:<n>``, ``w:``, ``j:<n>``, ``g:<n>``, ``m:``, ``k:``,
 ``i:<event>``, ``l:<event>``, ``h:<user>``, ``a:<user>``, ``x:<event>``,
 ``e:<experiment US user>``), with the field's new encoded value or ``None`` for a
 deletion. A store keeps those fields as one hash per partition: the hash *is* the
@@ -242,25 +242,28 @@ class PartitionState:
         """Close finalised requests: remove each with the interactions that named it,
         and mark it final (its deadline, and the ids of those interactions)."""
         fresh, changes = self.fresh, self.changes
-        named, named_rid, mark = self.named, self.named_rid, self.markers.add
+        named, named_rid = self.named, self.named_rid
         legacy, unwritten, fielded = self.legacy, self.waiting, self.fielded
-        self.requests.remove([r.request_id for r in requests])
-        for request, deadline in zip(requests, deadlines_ms, strict=True):
-            rid = request.request_id
+        rids = [r.request_id for r in requests]
+        self.requests.remove(rids)
+        applied: list[tuple[str, str, int]] = []
+        for rid, deadline in zip(rids, deadlines_ms, strict=True):
             if rid in fresh:
                 fresh.discard(rid)
             elif legacy and rid in legacy:
                 legacy.discard(rid)
                 changes["r:" + rid] = None
             waiting = named.pop(rid, None)
-            applied = tuple(sorted(waiting)) if waiting else ()
-            for eid in applied:
+            if not waiting:
+                continue
+            for eid in waiting:
                 named_rid.pop(eid, None)
+                applied.append((rid, eid, deadline))
                 # not yet written, or a row of a segment that goes by its deadlines
                 if unwritten.pop(eid, None) is None and eid in fielded:
                     fielded.discard(eid)
                     self.delete("i:" + eid)
-            mark(rid, deadline, applied)
+        self.markers.add(rids, deadlines_ms, applied)
 
     def finalised_through(self, watermark_ms: int) -> None:
         """Record that every request due at ``watermark_ms`` is finalised, and delete the
@@ -339,7 +342,7 @@ class PartitionState:
 
     def unwritten(self) -> int:
         """Changelog fields and segment rows waiting for the next flush."""
-        return len(self.changes) + len(self.fresh) + len(self.waiting) + len(self.markers.marked)
+        return len(self.changes) + len(self.fresh) + len(self.waiting) + self.markers.pending()
 
     def flush(self) -> Changes:
         """The changes since the last flush (and forget them); requests opened since then
@@ -353,8 +356,7 @@ class PartitionState:
         request_log.write_book(self, out)
         if self.waiting:
             self._write_waiting(out)
-        if self.markers.marked:
-            self.markers.write(out, self.segment_rows)
+        self.markers.write(out, self.segment_rows)
         self.born = set()
         return out
 

@@ -117,7 +117,7 @@ class CoverageSketches:
 
         for done in finalised:
             update = coverage_updates(done, self.layout, named)
-            index, rank = register_ranks(hash_strings(update.items))
+            index, rank = register_ranks(update.hashes)
             mine: dict[str, npt.NDArray[np.uint8]] = {}
             for key, (positions, held) in update.sketches.items():
                 registers = registers_of([(index[positions], rank[positions])])

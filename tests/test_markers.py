@@ -1,0 +1,84 @@
+"""Finalised markers as hashed runs, against a plain dict of what they must hold."""
+
+from __future__ import annotations
+
+import random
+
+import msgspec
+import numpy as np
+import pytest
+
+from evaluator.engine import markers as markers_module
+from evaluator.engine.markers import NONE_MS, HashRuns, Markers, decode_segment
+
+
+class Log:
+    """A changelog that keeps the fields as a store would."""
+
+    def __init__(self) -> None:
+        self.fields: dict[str, bytes | None] = {}
+
+    def set(self, name: str, value: bytes | None) -> None:
+        self.fields[name] = value
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_runs_find_the_largest_live_deadline_of_each_hash(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches of hashes (some repeated, within a batch and across them, with other
+    deadlines), merged as they come, and an expiry bound that moves: every lookup
+    equals the dict's largest deadline at or after the bound (what expired between
+    merges may still be found, but only with its own deadline)."""
+    monkeypatch.setattr(markers_module, "RUN_ROWS", 64)  # full runs stop merging
+    rng = random.Random(seed)
+    runs, held = HashRuns(), {}
+    before = -(2**62)
+    for step in range(300):
+        n = rng.randrange(1, 40)
+        keys = [rng.randrange(2**64) if rng.random() < 0.8 else rng.randrange(50) for _ in range(n)]
+        deadlines = [step * 10 + rng.randrange(100) for _ in range(n)]
+        runs.add(np.array(keys, np.uint64), np.array(deadlines, np.int64), before)
+        for k, d in zip(keys, deadlines, strict=True):
+            if d >= before:
+                held[k] = max(d, held.get(k, NONE_MS))
+        if rng.random() < 0.2:
+            before = max(before, step * 10 - rng.randrange(200))  # never back
+            runs.expire(before)
+        asked = [*rng.sample(sorted(held), min(30, len(held))), *range(50), 2**64 - 1]
+        found = runs.find(np.array(asked, np.uint64)).tolist()
+        for key, got in zip(asked, found, strict=True):
+            want = held.get(key, NONE_MS)
+            if want >= before or got >= before:
+                assert got == want, (step, key)
+    assert max(run.keys.size for run in runs.runs) <= 64
+    assert runs.live(before) == {k: d for k, d in held.items() if d >= before}
+
+
+def test_segments_round_trip_and_old_rows_are_hashed_alike() -> None:
+    """A segment decodes to the hashes and deadlines written (4-byte offsets, or 8 when
+    they span more); rows of ids of the previous format give the same hashes."""
+    log = Log()
+    markers = Markers(log)
+    markers.add(["q1", "q2"], [10, 2**40], [("q1", "c1", 10)])
+    out: dict[str, bytes | None] = {}
+    markers.write(out, rows=100)
+    assert set(out) == {"k:", "g:0"}
+    raw = out["g:0"]
+    assert raw is not None
+    keys, deadlines, pairs, pair_deadlines = decode_segment(msgspec.msgpack.decode(raw))
+    assert keys.tolist() == markers.keys(["q1", "q2"]).tolist()
+    assert deadlines.tolist() == [10, 2**40] and pair_deadlines.tolist() == [10]
+    assert pairs.tolist() == markers.pair_keys(["q1"], ["c1"], [10]).tolist()
+    other = Markers(Log(), seed=markers.seed, seed_written=True)
+    other.load([("g:7", [["q1", 10, ["c1"]], ["q2", 2**40, []]])], [])
+    assert other.live() == markers.live()
+    assert other.next_segment == 8
+
+
+def test_seeds_key_the_hashes() -> None:
+    """Two partitions' seeds give unrelated hashes of the same ids."""
+    a, b = Markers(Log()), Markers(Log())
+    assert a.seed != b.seed
+    ids = [f"r{n}" for n in range(1000)]
+    assert not set(a.keys(ids).tolist()) & set(b.keys(ids).tolist())
