@@ -4,8 +4,10 @@ answers after any sequence of openings and closings, hash collisions included.""
 from __future__ import annotations
 
 import random
+import uuid
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -144,3 +146,58 @@ def test_codes_past_sixteen_bits_widen_the_chunks_that_need_them() -> None:
         table.append(batch)
     assert [c.items.flat.dtype for c in table.chunks] != [np.uint16] * len(table.chunks)
     assert table.as_dict() == {r[0]: request(r) for r in small + wide + last}
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_segment_decodes_to_its_chunk(version: int) -> None:
+    """A chunk written as a changelog segment (this format, or format 1 of the release
+    before: fixed columns as held in memory) decodes to the same rows."""
+    rng = random.Random(version)
+    book = Codebook()
+    rows = [row(n, rng) for n in range(300)]
+    for r in rows:  # epoch milliseconds, spanning more than 16 bits
+        r[3] = 1_700_000_000_000 + 1_000 * r[3]
+    chunk = chunks.Chunk.of(rows, book)
+    if version == 2:
+        raw = chunks.encode_segment(chunk)
+    else:
+        fixed = [chunk.ts, chunk.labels, chunk.randomized]
+        raw = chunks._encode(
+            [
+                1,
+                [part for values in fixed for part in chunks._packed(values)],
+                [chunks._lengths(getattr(chunk, name)) for name in chunks._RAGGED],
+            ]
+        )
+    decoded = chunks.decode_segment(raw)
+    everything = np.arange(len(rows))
+    assert decoded.ts.dtype == np.int64
+    got = decoded.requests(everything, book.strings)
+    assert got == chunk.requests(everything, book.strings)
+    assert [r.request_id for r in got] == [r[0] for r in rows]
+
+
+@pytest.mark.parametrize(
+    ("ids", "packed"),
+    [
+        ([str(uuid.UUID(int=random.Random(n).getrandbits(128))) for n in range(50)], True),
+        ([str(uuid.UUID(int=n)).upper() for n in range(50)], False),  # not canonical
+        ([*(str(uuid.UUID(int=n)) for n in range(49)), "not-a-uuid"], False),
+        ([str(uuid.UUID(int=n)).replace("-", "x", 1) for n in range(50)], False),
+    ],
+)
+def test_uuid_ids_are_stored_in_16_bytes_and_read_back_exactly(
+    ids: list[str], packed: bool
+) -> None:
+    rng = random.Random(1)
+    rows = [row(n, rng) for n in range(len(ids))]
+    for r, rid in zip(rows, ids, strict=True):
+        r[0] = r[1] = rid
+    raw = chunks.encode_segment(chunks.Chunk.of(rows, Codebook()))
+    everything = np.arange(len(ids))
+    decoded = chunks.decode_segment(raw)
+    assert decoded.ids.texts(everything) == ids == decoded.users.texts(everything)
+    columns = msgspec.msgpack.decode(raw)[2]
+    assert [len(columns[0][1]), len(columns[1][1])] == (
+        [16 * len(ids)] * 2 if packed else [len(ids)] * 2
+    )

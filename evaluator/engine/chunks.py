@@ -345,8 +345,10 @@ def _narrow(codes: npt.NDArray[Any], size: int, *, signed: bool = False) -> npt.
     return codes.astype(small if size <= np.iinfo(small).max else np.int32)
 
 
-SEGMENT_FORMAT = 1
-"""The version of :func:`encode_segment`'s layout (its first element)."""
+SEGMENT_FORMAT = 2
+"""The version of :func:`encode_segment`'s layout (its first element): 2 stores the
+impression times as offsets from the first, every fixed column in its fewest bytes
+and UUID ids as 16 bytes; 1 (read) stored them as held in memory."""
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder().decode
@@ -368,18 +370,68 @@ def _lengths(part: Ragged) -> tuple[str, bytes, str, bytes]:
     return (*_packed(lengths.astype(narrow)), *_packed(part.flat))
 
 
-def _ragged(lengths_dtype: str, lengths: bytes, dtype: str, flat: bytes) -> Ragged:
+UUIDS = "uuid"
+"""A column of ids that are all canonical lowercase UUIDs, stored as 16 bytes each."""
+_DASHES = [8, 13, 18, 23]
+
+
+def _ids(part: Ragged) -> tuple[Any, ...]:
+    """An id column: :data:`UUIDS` and their bytes when every id is a canonical
+    lowercase UUID (what most producers send: 16 bytes instead of 36), else as
+    :func:`_lengths`."""
+    n = part.off.size - 1
+    if n and part.flat.size == 36 * n and bool((np.diff(part.off) == 36).all()):
+        chars = part.flat.reshape(n, 36)
+        if bool((chars[:, _DASHES] == ord("-")).all()):
+            digits = np.delete(chars, _DASHES, axis=1)
+            hexadecimal = ((digits >= ord("0")) & (digits <= ord("9"))) | (
+                (digits >= ord("a")) & (digits <= ord("f"))
+            )
+            if bool(hexadecimal.all()):
+                return UUIDS, bytes.fromhex(digits.tobytes().decode())
+    return _lengths(part)
+
+
+def _ragged(*part: Any) -> Ragged:
+    """A column as :func:`_lengths` or :func:`_ids` wrote it."""
+    if part[0] == UUIDS:
+        n = len(part[1]) // 16
+        digits = np.frombuffer(part[1].hex().encode(), dtype=np.uint8).reshape(n, 32)
+        chars = np.insert(digits, [8, 12, 16, 20], ord("-"), axis=1)
+        return Ragged.of(chars.reshape(-1), np.full(n, 36, dtype=np.int64))
+    lengths_dtype, lengths, dtype, flat = part
     return Ragged.of(_unpacked(dtype, flat), _unpacked(lengths_dtype, lengths).astype(np.int64))
+
+
+def _fewest(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """Integers in the narrowest signed type that holds them."""
+    low, high = int(values.min(initial=0)), int(values.max(initial=0))
+    for dtype in (np.int8, np.int16, np.int32):
+        info = np.iinfo(dtype)
+        if info.min <= low and high <= info.max:
+            return values.astype(dtype)
+    return values.astype(np.int64)
 
 
 def encode_segment(chunk: Chunk) -> bytes:
     """A chunk's rows as one changelog value: each column's bytes (codes of the
-    codebook written with it), no per-row encoding."""
+    codebook written with it), no per-row encoding; times as offsets from the
+    earliest, fixed columns in their fewest bytes, UUID ids as 16 bytes."""
+    base = int(chunk.ts.min(initial=0))
     return _encode(
         [
             SEGMENT_FORMAT,
-            [*_packed(chunk.ts), *_packed(chunk.labels), *_packed(chunk.randomized)],
-            [_lengths(getattr(chunk, name)) for name in _RAGGED],
+            [
+                base,
+                *_packed(_fewest(chunk.ts - base)),
+                *_packed(_fewest(chunk.labels)),
+                *_packed(_fewest(chunk.randomized)),
+            ],
+            [
+                _ids(chunk.ids),
+                _ids(chunk.users),
+                *(_lengths(getattr(chunk, name)) for name in _RAGGED[2:]),
+            ],
         ]
     )
 
@@ -387,9 +439,13 @@ def encode_segment(chunk: Chunk) -> bytes:
 def decode_segment(raw: bytes) -> Chunk:
     """The chunk :func:`encode_segment` wrote (its rows all live, indexes rebuilt)."""
     version, fixed, ragged = _decode(raw)
-    if version != SEGMENT_FORMAT:
+    if version not in (1, SEGMENT_FORMAT):
         raise ValueError(f"request segment of format {version}, not {SEGMENT_FORMAT}")
+    base = fixed.pop(0) if version == 2 else 0
     ts, labels, randomized = (_unpacked(fixed[k], fixed[k + 1]) for k in range(0, len(fixed), 2))
+    ts = ts.astype(np.int64) + base
+    labels = labels.astype(np.int32 if labels.max(initial=0) > np.iinfo(np.int16).max else np.int16)
+    randomized = randomized.astype(np.int32)
     ids, users, items, attributes, shadow = (_ragged(*part) for part in ragged)
     n = int(ts.size)
     return Chunk(

@@ -77,17 +77,22 @@ class _Late:
 
     def __init__(self, markers: Markers, events: list[Any], marked: dict[str, int | None]):
         self.markers = markers
-        self.at = [
+        self.keys: dict[int, int] = {}
+        self.deadline: dict[int, int] = {}
+        self.known: set[int] = set()
+        self.new: list[int] = []
+        if all(d is None for d in marked.values()):  # most batches: no hashing
+            return
+        at = [
             n for n, it in enumerate(events) if it.request_id and marked[it.request_id] is not None
         ]
-        deadlines = [marked[events[n].request_id] or 0 for n in self.at]  # none is None
-        rids = [events[n].request_id for n in self.at]
-        keys = markers.pair_keys(rids, [events[n].event_id for n in self.at], deadlines)
-        self.keys = dict(zip(self.at, keys.tolist(), strict=True))
-        self.deadline = dict(zip(self.at, deadlines, strict=True))
+        deadlines = [marked[events[n].request_id] or 0 for n in at]  # none is None
+        rids = [events[n].request_id for n in at]
+        keys = markers.pair_keys(rids, [events[n].event_id for n in at], deadlines)
+        self.keys = dict(zip(at, keys.tolist(), strict=True))
+        self.deadline = dict(zip(at, deadlines, strict=True))
         applied = markers.were_applied(keys)
         self.known = {k for k, a in zip(keys.tolist(), applied, strict=True) if a}
-        self.new: list[int] = []
 
     def count(self, n: int) -> bool:
         """Whether event ``n`` is late (not applied or counted before)."""
