@@ -181,6 +181,8 @@ def test_a_segment_decodes_to_its_chunk(version: int) -> None:
     ("ids", "packed"),
     [
         ([str(uuid.UUID(int=random.Random(n).getrandbits(128))) for n in range(50)], True),
+        ([f"req-{uuid.UUID(int=n)}" for n in range(50)], True),  # one prefix
+        ([f"req-{uuid.UUID(int=n)}" for n in range(49)] + [f"rex-{uuid.UUID(int=1)}"], False),
         ([str(uuid.UUID(int=n)).upper() for n in range(50)], False),  # not canonical
         ([*(str(uuid.UUID(int=n)) for n in range(49)), "not-a-uuid"], False),
         ([str(uuid.UUID(int=n)).replace("-", "x", 1) for n in range(50)], False),
@@ -198,6 +200,5 @@ def test_uuid_ids_are_stored_in_16_bytes_and_read_back_exactly(
     decoded = chunks.decode_segment(raw)
     assert decoded.ids.texts(everything) == ids == decoded.users.texts(everything)
     columns = msgspec.msgpack.decode(raw)[2]
-    assert [len(columns[0][1]), len(columns[1][1])] == (
-        [16 * len(ids)] * 2 if packed else [len(ids)] * 2
-    )
+    lengths = [len(columns[0][-1]), len(columns[1][-1])]  # the UUIDs' bytes, or the ids'
+    assert lengths == [16 * len(ids) if packed else len("".join(ids))] * 2

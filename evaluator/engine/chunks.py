@@ -371,34 +371,42 @@ def _lengths(part: Ragged) -> tuple[str, bytes, str, bytes]:
 
 
 UUIDS = "uuid"
-"""A column of ids that are all canonical lowercase UUIDs, stored as 16 bytes each."""
+"""A column of ids that are all one prefix and a canonical lowercase UUID, stored as
+the prefix and 16 bytes each."""
 _DASHES = [8, 13, 18, 23]
 
 
 def _ids(part: Ragged) -> tuple[Any, ...]:
-    """An id column: :data:`UUIDS` and their bytes when every id is a canonical
-    lowercase UUID (what most producers send: 16 bytes instead of 36), else as
-    :func:`_lengths`."""
+    """An id column: :data:`UUIDS`, the ids' common prefix and the 16 bytes of each
+    when every id is that prefix and a canonical lowercase UUID (what most producers
+    send: 16 bytes instead of 36), else as :func:`_lengths`."""
     n = part.off.size - 1
-    if n and part.flat.size == 36 * n and bool((np.diff(part.off) == 36).all()):
-        chars = part.flat.reshape(n, 36)
-        if bool((chars[:, _DASHES] == ord("-")).all()):
-            digits = np.delete(chars, _DASHES, axis=1)
-            hexadecimal = ((digits >= ord("0")) & (digits <= ord("9"))) | (
-                (digits >= ord("a")) & (digits <= ord("f"))
-            )
-            if bool(hexadecimal.all()):
-                return UUIDS, bytes.fromhex(digits.tobytes().decode())
-    return _lengths(part)
+    width = int(part.off[1]) if n else 0
+    if width < 36 or part.flat.size != width * n or not bool((np.diff(part.off) == width).all()):
+        return _lengths(part)
+    chars = part.flat.reshape(n, width)
+    head, tail = chars[:, : width - 36], chars[:, width - 36 :]
+    if not bool((head == head[0]).all()) or not bool((tail[:, _DASHES] == ord("-")).all()):
+        return _lengths(part)
+    digits = np.delete(tail, _DASHES, axis=1)
+    hexadecimal = ((digits >= ord("0")) & (digits <= ord("9"))) | (
+        (digits >= ord("a")) & (digits <= ord("f"))
+    )
+    if not bool(hexadecimal.all()):
+        return _lengths(part)
+    return UUIDS, head[0].tobytes(), bytes.fromhex(digits.tobytes().decode())
 
 
 def _ragged(*part: Any) -> Ragged:
     """A column as :func:`_lengths` or :func:`_ids` wrote it."""
     if part[0] == UUIDS:
-        n = len(part[1]) // 16
-        digits = np.frombuffer(part[1].hex().encode(), dtype=np.uint8).reshape(n, 32)
+        _, prefix, packed = part
+        n = len(packed) // 16
+        digits = np.frombuffer(packed.hex().encode(), dtype=np.uint8).reshape(n, 32)
         chars = np.insert(digits, [8, 12, 16, 20], ord("-"), axis=1)
-        return Ragged.of(chars.reshape(-1), np.full(n, 36, dtype=np.int64))
+        head = np.broadcast_to(np.frombuffer(prefix, dtype=np.uint8), (n, len(prefix)))
+        rows = np.concatenate([head, chars], axis=1)
+        return Ragged.of(rows.reshape(-1), np.full(n, rows.shape[1], dtype=np.int64))
     lengths_dtype, lengths, dtype, flat = part
     return Ragged.of(_unpacked(dtype, flat), _unpacked(lengths_dtype, lengths).astype(np.int64))
 
