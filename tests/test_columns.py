@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from evaluator.core.finalise import OpenRequest
-from evaluator.engine import chunks, columns
+from evaluator.engine import chunks, columns, segments
 from evaluator.engine.chunks import Codebook
 from evaluator.engine.columns import OpenTable
 
@@ -81,8 +81,8 @@ def test_open_table_answers_as_a_dict_of_requests(
     rewritten and go); with ``collide`` every id hashes alike, so each lookup rests
     on the stored ids."""
     if collide:
-        for module in (columns, chunks):
-            monkeypatch.setattr(module, "_hashes", lambda values, n: np.full(n, 7, np.int64))
+        for module in (columns, chunks, segments):
+            monkeypatch.setattr(module, "hashes_of", lambda values, n: np.full(n, 7, np.int64))
     monkeypatch.setattr(columns, "CHUNK_ROWS", 64)
     rng = random.Random(seed)
     table, reference = OpenTable(), {}
@@ -159,17 +159,17 @@ def test_a_segment_decodes_to_its_chunk(version: int) -> None:
         r[3] = 1_700_000_000_000 + 1_000 * r[3]
     chunk = chunks.Chunk.of(rows, book)
     if version == 2:
-        raw = chunks.encode_segment(chunk)
+        raw = segments.encode_segment(chunk)
     else:
         fixed = [chunk.ts, chunk.labels, chunk.randomized]
-        raw = chunks._encode(
+        raw = segments._encode(
             [
                 1,
-                [part for values in fixed for part in chunks._packed(values)],
-                [chunks._lengths(getattr(chunk, name)) for name in chunks._RAGGED],
+                [part for values in fixed for part in segments._packed(values)],
+                [segments._lengths(getattr(chunk, name)) for name in chunks.RAGGED],
             ]
         )
-    decoded = chunks.decode_segment(raw)
+    decoded = segments.decode_segment(raw)
     everything = np.arange(len(rows))
     assert decoded.ts.dtype == np.int64
     got = decoded.requests(everything, book.strings)
@@ -195,9 +195,9 @@ def test_uuid_ids_are_stored_in_16_bytes_and_read_back_exactly(
     rows = [row(n, rng) for n in range(len(ids))]
     for r, rid in zip(rows, ids, strict=True):
         r[0] = r[1] = rid
-    raw = chunks.encode_segment(chunks.Chunk.of(rows, Codebook()))
+    raw = segments.encode_segment(chunks.Chunk.of(rows, Codebook()))
     everything = np.arange(len(ids))
-    decoded = chunks.decode_segment(raw)
+    decoded = segments.decode_segment(raw)
     assert decoded.ids.texts(everything) == ids == decoded.users.texts(everything)
     columns = msgspec.msgpack.decode(raw)[2]
     lengths = [len(columns[0][-1]), len(columns[1][-1])]  # the UUIDs' bytes, or the ids'

@@ -17,12 +17,12 @@ from evaluator.config import load_settings
 from evaluator.core.decode import decode_impressions, decode_interactions
 from evaluator.core.finalise import Finalised
 from evaluator.engine import columns
-from evaluator.engine.chunks import decode_segment
 from evaluator.engine.markers import NONE_MS
 from evaluator.engine.markers import decode_segment as decode_marker_segment
 from evaluator.engine.partition import PartitionEngine
 from evaluator.engine.plan import EngineConfig
 from evaluator.engine.restore import restore_state
+from evaluator.engine.segments import decode_segment
 from evaluator.engine.state import PartitionState
 from tests.eventgen import EventSet, generate
 from tests.livecheck import compare_totals

@@ -114,8 +114,7 @@ class Finalised:
     """The strings the requests' items are codes of (the partition's codebook, which
     the join and scores need not read); None: they are item ids."""
     name_hashes: U64 | None = None
-    """:func:`~evaluator.core.sketch.hash_strings` of at least every name in use (so
-    coverage hashes each distinct item once, not each time it is shown)."""
+    """Stable hashes (``hash_strings``) of the names: each distinct item hashed once."""
 
     def shown(self) -> list[Sequence[str]]:
         """Each request's item ids (what coverage counts)."""

@@ -1,5 +1,5 @@
-"""The rows of a partition's open requests as columns: one chunk of them, its
-codebook, and its encoding as a changelog segment. Pure.
+"""The rows of a partition's open requests as columns: one chunk of them and its
+codebook (:mod:`evaluator.engine.segments` writes a chunk to the changelog). Pure.
 
 A row holds a request's impression time, its labels (variant, context, shadow
 variant, randomisation) and its item ids, attribute values and shadow ranking as
@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from itertools import chain, pairwise, repeat
 from typing import Any
 
-import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -128,7 +127,7 @@ def _texts(values: Sequence[str]) -> Ragged:
     return Ragged.of(np.frombuffer(b"".join(raw), dtype=np.uint8), list(map(len, raw)))
 
 
-def _hashes(values: Iterable[str], n: int) -> I64:
+def hashes_of(values: Iterable[str], n: int) -> I64:
     return np.fromiter(map(hash, values), dtype=np.int64, count=n)
 
 
@@ -223,8 +222,8 @@ class Chunk:
             items,
             attributes,
             shadow,
-            Index.of(_hashes(rids, n)),
-            Index.of(_hashes(uids, n)),
+            Index.of(hashes_of(rids, n)),
+            Index.of(hashes_of(uids, n)),
             n,
         )
 
@@ -248,7 +247,7 @@ class Chunk:
     @staticmethod
     def concat(parts: Sequence[Chunk]) -> Chunk:
         ids, users, items, attributes, shadow = (
-            Ragged.concat([getattr(p, n) for p in parts]) for n in _RAGGED
+            Ragged.concat([getattr(p, n) for p in parts]) for n in RAGGED
         )
         by_id, by_user = (
             np.concatenate([getattr(p, n).per_row() for p in parts]) for n in _INDEXED
@@ -329,7 +328,8 @@ class Chunk:
             part.flat = _narrow(np.maximum(mapping[part.flat], 0), size)
 
 
-_RAGGED = ("ids", "users", "items", "attributes", "shadow")
+RAGGED = ("ids", "users", "items", "attributes", "shadow")
+"""The chunk's variable-length columns."""
 _INDEXED = ("by_id", "by_user")
 
 
@@ -343,130 +343,3 @@ def _narrow(codes: npt.NDArray[Any], size: int, *, signed: bool = False) -> npt.
     open requests), else 32."""
     small = np.int16 if signed else np.uint16
     return codes.astype(small if size <= np.iinfo(small).max else np.int32)
-
-
-SEGMENT_FORMAT = 2
-"""The version of :func:`encode_segment`'s layout (its first element): 2 stores the
-impression times as offsets from the first, every fixed column in its fewest bytes
-and UUID ids as 16 bytes; 1 (read) stored them as held in memory."""
-
-_encode = msgspec.msgpack.Encoder().encode
-_decode = msgspec.msgpack.Decoder().decode
-
-
-def _packed(values: npt.NDArray[Any]) -> tuple[str, bytes]:
-    return values.dtype.str, values.tobytes()
-
-
-def _unpacked(dtype: str, raw: bytes) -> npt.NDArray[Any]:
-    return np.frombuffer(raw, dtype=np.dtype(dtype))
-
-
-def _lengths(part: Ragged) -> tuple[str, bytes, str, bytes]:
-    """A ragged column as its row lengths (in the fewest bytes) and its values."""
-    lengths = np.diff(part.off)
-    longest = int(lengths.max(initial=0))
-    narrow = np.uint8 if longest < 2**8 else np.uint16 if longest < 2**16 else np.int32
-    return (*_packed(lengths.astype(narrow)), *_packed(part.flat))
-
-
-UUIDS = "uuid"
-"""A column of ids that are all one prefix and a canonical lowercase UUID, stored as
-the prefix and 16 bytes each."""
-_DASHES = [8, 13, 18, 23]
-
-
-def _ids(part: Ragged) -> tuple[Any, ...]:
-    """An id column: :data:`UUIDS`, the ids' common prefix and the 16 bytes of each
-    when every id is that prefix and a canonical lowercase UUID (what most producers
-    send: 16 bytes instead of 36), else as :func:`_lengths`."""
-    n = part.off.size - 1
-    width = int(part.off[1]) if n else 0
-    if width < 36 or part.flat.size != width * n or not bool((np.diff(part.off) == width).all()):
-        return _lengths(part)
-    chars = part.flat.reshape(n, width)
-    head, tail = chars[:, : width - 36], chars[:, width - 36 :]
-    if not bool((head == head[0]).all()) or not bool((tail[:, _DASHES] == ord("-")).all()):
-        return _lengths(part)
-    digits = np.delete(tail, _DASHES, axis=1)
-    hexadecimal = ((digits >= ord("0")) & (digits <= ord("9"))) | (
-        (digits >= ord("a")) & (digits <= ord("f"))
-    )
-    if not bool(hexadecimal.all()):
-        return _lengths(part)
-    return UUIDS, head[0].tobytes(), bytes.fromhex(digits.tobytes().decode())
-
-
-def _ragged(*part: Any) -> Ragged:
-    """A column as :func:`_lengths` or :func:`_ids` wrote it."""
-    if part[0] == UUIDS:
-        _, prefix, packed = part
-        n = len(packed) // 16
-        digits = np.frombuffer(packed.hex().encode(), dtype=np.uint8).reshape(n, 32)
-        chars = np.insert(digits, [8, 12, 16, 20], ord("-"), axis=1)
-        head = np.broadcast_to(np.frombuffer(prefix, dtype=np.uint8), (n, len(prefix)))
-        rows = np.concatenate([head, chars], axis=1)
-        return Ragged.of(rows.reshape(-1), np.full(n, rows.shape[1], dtype=np.int64))
-    lengths_dtype, lengths, dtype, flat = part
-    return Ragged.of(_unpacked(dtype, flat), _unpacked(lengths_dtype, lengths).astype(np.int64))
-
-
-def _fewest(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
-    """Integers in the narrowest signed type that holds them."""
-    low, high = int(values.min(initial=0)), int(values.max(initial=0))
-    for dtype in (np.int8, np.int16, np.int32):
-        info = np.iinfo(dtype)
-        if info.min <= low and high <= info.max:
-            return values.astype(dtype)
-    return values.astype(np.int64)
-
-
-def encode_segment(chunk: Chunk) -> bytes:
-    """A chunk's rows as one changelog value: each column's bytes (codes of the
-    codebook written with it), no per-row encoding; times as offsets from the
-    earliest, fixed columns in their fewest bytes, UUID ids as 16 bytes."""
-    base = int(chunk.ts.min(initial=0))
-    return _encode(
-        [
-            SEGMENT_FORMAT,
-            [
-                base,
-                *_packed(_fewest(chunk.ts - base)),
-                *_packed(_fewest(chunk.labels)),
-                *_packed(_fewest(chunk.randomized)),
-            ],
-            [
-                _ids(chunk.ids),
-                _ids(chunk.users),
-                *(_lengths(getattr(chunk, name)) for name in _RAGGED[2:]),
-            ],
-        ]
-    )
-
-
-def decode_segment(raw: bytes) -> Chunk:
-    """The chunk :func:`encode_segment` wrote (its rows all live, indexes rebuilt)."""
-    version, fixed, ragged = _decode(raw)
-    if version not in (1, SEGMENT_FORMAT):
-        raise ValueError(f"request segment of format {version}, not {SEGMENT_FORMAT}")
-    base = fixed.pop(0) if version == 2 else 0
-    ts, labels, randomized = (_unpacked(fixed[k], fixed[k + 1]) for k in range(0, len(fixed), 2))
-    ts = ts.astype(np.int64) + base
-    labels = labels.astype(np.int32 if labels.max(initial=0) > np.iinfo(np.int16).max else np.int16)
-    randomized = randomized.astype(np.int32)
-    ids, users, items, attributes, shadow = (_ragged(*part) for part in ragged)
-    n = int(ts.size)
-    return Chunk(
-        ts.astype(np.int64),
-        labels.reshape(n, 4),
-        randomized,
-        np.ones(n, dtype=np.bool_),
-        ids,
-        users,
-        items,
-        attributes,
-        shadow,
-        Index.of(_hashes(ids.texts(np.arange(n)), n)),
-        Index.of(_hashes(users.texts(np.arange(n)), n)),
-        n,
-    )

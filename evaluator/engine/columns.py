@@ -31,7 +31,7 @@ from typing import NamedTuple
 import numpy as np
 
 from evaluator.core.finalise import OpenRequest
-from evaluator.engine.chunks import NONE, Chunk, Codebook, Row, _hashes
+from evaluator.engine.chunks import NONE, Chunk, Codebook, Row, hashes_of
 
 CHUNK_ROWS = 16_384
 """Rows per chunk at most: few chunks to search, little memory held by a straggler."""
@@ -148,7 +148,7 @@ class OpenTable:
         out: list[Location | None] = [None] * len(rids)
         if not rids or not self._live:
             return out
-        hashes = _hashes(rids, len(rids))
+        hashes = hashes_of(rids, len(rids))
         for chunk in self.chunks:
             keys = chunk.by_id.keys
             if not keys.size:
@@ -213,7 +213,7 @@ class OpenTable:
         if not uids or not self._live:
             return out
         wanted = set(uids)
-        hashes = _hashes(uids, len(uids))
+        hashes = hashes_of(uids, len(uids))
         for chunk in self.chunks:
             rows = np.unique(chunk.by_user.find_all(hashes))
             rows = rows[chunk.alive[rows]]

@@ -1,7 +1,7 @@
 """How a partition's open requests go to its changelog: column segments and the
 codebook they are coded with. Pure.
 
-``t:<n>`` holds, as columns (:func:`~evaluator.engine.chunks.encode_segment`),
+``t:<n>`` holds, as columns (:func:`~evaluator.engine.segments.encode_segment`),
 the requests opened between two checkpoints and still open at the second; it is
 deleted once the watermark has passed every deadline in it. ``c:<n>`` holds the
 codebook's strings added since the previous ``c:`` field, so the concatenation of
@@ -20,9 +20,10 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from evaluator.engine.chunks import Chunk, encode_segment
+from evaluator.engine.chunks import Chunk
 from evaluator.engine.columns import OpenTable
 from evaluator.engine.records import encode, request_row
+from evaluator.engine.segments import encode_segment
 
 Changes = dict[str, bytes | None]
 

@@ -19,9 +19,10 @@ from typing import Any
 import numpy as np
 
 from evaluator.core.finalise import PendingInteraction
-from evaluator.engine.chunks import Codebook, decode_segment
+from evaluator.engine.chunks import Codebook
 from evaluator.engine.columns import OpenTable
 from evaluator.engine.records import decode
+from evaluator.engine.segments import decode_segment
 from evaluator.engine.state import PartitionState
 
 _decode = decode

@@ -1,0 +1,64 @@
+"""What finalisation needs of the due requests' users, from a partition's join state:
+their cold-start histories and, for users with request-less ("loose")
+interactions, their open impressions and those interactions. Pure.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from evaluator.core.finalise import (
+    History,
+    LooseInteractions,
+    LooseJoin,
+    OpenRequest,
+    PendingInteraction,
+)
+from evaluator.core.join import UserImpressions, user_order
+from evaluator.engine.state import PartitionState
+
+
+def due_contexts(
+    state: PartitionState, due: list[OpenRequest]
+) -> tuple[LooseJoin | None, History, list[tuple[str, PendingInteraction]]]:
+    """The due requests' users as finalisation sees them: for those with loose
+    interactions, their open impressions and those interactions (columns for the
+    user-based join, and each interaction's user id); for all, their cold-start
+    histories."""
+    codes = {uid: code for code, uid in enumerate(dict.fromkeys([r.user_id for r in due]))}
+    history_user: list[int] = []
+    history_ms: list[int] = []
+    loose: list[PendingInteraction] = []
+    loose_user: list[int] = []
+    loose_of: list[tuple[str, PendingInteraction]] = []
+    for code, (uid, user) in enumerate(zip(codes, map(state.users.get, codes), strict=True)):
+        if user is None:
+            continue
+        if user.history:
+            history_user += [code] * len(user.history)
+            history_ms += [t for t, _ in user.history]
+        if user.loose:  # the user has open requests: some are due
+            waiting = sorted(user.loose.values())
+            loose += waiting
+            loose_user += [code] * len(waiting)
+            loose_of += [(uid, it) for it in waiting]
+    shown = state.requests.of_users(list(dict.fromkeys(uid for uid, _ in loose_of)))
+    imp_user = [codes[uid] for uid in shown.user]
+    imp_ms, imp_ids = shown.ms, shown.request
+    history = History(
+        codes, np.array(history_user, dtype=np.int64), np.array(history_ms, dtype=np.int64)
+    )
+    if not loose:
+        return None, history, loose_of
+    users, times = np.array(imp_user, dtype=np.int64), np.array(imp_ms, dtype=np.int64)
+    order = user_order(users, times, imp_ids).tolist()
+    ids = [imp_ids[i] for i in order]
+    impressions = UserImpressions(users[order], times[order], [shown.items[i] for i in order])
+    code_of = state.requests.book.codes.get
+    interactions = LooseInteractions(
+        np.array(loose_user, dtype=np.int64),
+        [code_of(it.item_id, -1) for it in loose],  # type: ignore[arg-type]
+        np.fromiter((it.timestamp_ms for it in loose), dtype=np.int64, count=len(loose)),
+        np.fromiter((it.grade for it in loose), dtype=np.float64, count=len(loose)),
+    )
+    return LooseJoin(impressions, ids, interactions), history, loose_of
