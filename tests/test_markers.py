@@ -82,3 +82,15 @@ def test_seeds_key_the_hashes() -> None:
     assert a.seed != b.seed
     ids = [f"r{n}" for n in range(1000)]
     assert not set(a.keys(ids).tolist()) & set(b.keys(ids).tolist())
+
+
+def test_an_id_hashes_alike_whatever_else_its_batch_holds() -> None:
+    """A redelivery comes in another batch: an id (ending in U+0000, or not ASCII)
+    hashes the same beside ASCII ids and beside others, and not as the id without
+    its trailing U+0000."""
+    markers = Markers(Log())
+    ids = ["q\x00", "q", "é\x00", "é", "ab"]
+    alone = [int(markers.keys([i])[0]) for i in ids]
+    assert markers.keys(ids).tolist() == alone
+    assert markers.keys(["q\x00", "é"]).tolist() == [alone[0], alone[3]]
+    assert len(set(alone)) == len(ids)

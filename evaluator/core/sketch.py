@@ -67,7 +67,8 @@ def _hash_code_points(values: Sequence[str], basis: np.uint64) -> U64:
     arr = np.asarray(values, dtype=np.str_)
     width = arr.dtype.itemsize // 4
     codes = arr.view(np.uint32).reshape(len(arr), width).astype(np.uint64)
-    lengths = np.char.str_len(arr)
+    # the true lengths: a fixed-width array cannot tell trailing U+0000 from padding
+    lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
     h = np.full(len(arr), basis, dtype=np.uint64)
     with np.errstate(over="ignore"):
         for col in range(width):
