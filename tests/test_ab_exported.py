@@ -52,9 +52,17 @@ def pick(found: dict, name: str, **labels: str) -> float | None:
     return hits[0] if hits else None
 
 
-def hourly_traffic(rng: random.Random, hours: int, users: int) -> list[list[bytes]]:
-    """Per hour, impressions and interactions (JSON) of user-randomised A/A traffic:
-    the variant is the user's coin, every user has their own click propensity."""
+def hourly_traffic(
+    rng: random.Random,
+    hours: int,
+    users: int,
+    *,
+    step_ms: int = HOUR,
+    per_step: tuple[int, int] = (100, 160),
+) -> list[list[bytes]]:
+    """Per hour (or ``step_ms``), impressions and interactions (JSON) of user-randomised
+    A/A traffic: the variant is the user's coin, every user has their own click
+    propensity."""
     arm = {u: "AB"[rng.random() < 0.5] for u in range(users)}
     taste = {u: rng.betavariate(2, 3) for u in range(users)}
     activity = [rng.lognormvariate(0.0, 1.0) for _ in range(users)]  # overdispersed
@@ -63,9 +71,9 @@ def hourly_traffic(rng: random.Random, hours: int, users: int) -> list[list[byte
     n = 0
     for h in range(hours):
         hour: list[bytes] = []
-        for _ in range(rng.randint(100, 160)):
+        for _ in range(rng.randint(*per_step)):
             u = rng.choices(population, weights=activity)[0]
-            ts = T0 + h * HOUR + rng.randrange(HOUR)
+            ts = T0 + h * step_ms + rng.randrange(step_ms)
             items = [f"p{rng.randrange(500)}" for _ in range(10)]
             items = list(dict.fromkeys(items))
             rid = f"r{n}"
@@ -178,3 +186,36 @@ def test_exported_ab_series_over_a_long_run() -> None:
         for v in "AB"
     )
     assert last_requests == tasks.stats.finalised and day < last_requests / 2
+
+
+def test_a_90_day_experiment_exports_its_exact_distinct_users() -> None:
+    """With the defaults, users who come back weeks or months after their first exposure
+    are not counted again: after every day of a 90-day experiment the exported users per
+    arm are the exact distinct users (a version that forgot exposures after 30 days
+    exported about a third more), and the sample-ratio test of this exact 50/50 split
+    never alarms."""
+    settings = load_settings(environ={}, overrides={"kafka": {"partitioner": "trust"}})
+    store = MemoryStore(settings.layout(1))
+    clock = FakeClock(T0)
+    tasks = Tasks(store, tasks_config(settings, 1), clock_ms=clock)
+    tasks.assign([0])
+    registry = CollectorRegistry()
+    registry.register(WindowCollector(LiveReader(store, readout_config(settings), store.frontier)))
+    rng = random.Random(11)
+    days = hourly_traffic(rng, hours=90, users=1_500, step_ms=24 * HOUR, per_step=(40, 70))
+    offsets = {"impressions": 0, "interactions": 0}
+    exposed: dict[str, set[str]] = {"A": set(), "B": set()}
+    impressions = 0
+    for day in days:
+        deliver(tasks, clock, day, offsets)
+        for p in day:
+            if b'"items"' in p:
+                event = json.loads(p)
+                exposed[event["variant"]].add(event["user_id"])
+                impressions += 1
+        found = scrape(registry)
+        for v in "AB":
+            assert pick(found, "recsys_eval_ab_users", variant=v) == len(exposed[v])
+        assert (pick(found, "recsys_eval_srm_p_value") or 0.0) >= 0.001
+    users = len(exposed["A"]) + len(exposed["B"])
+    assert impressions > 2 * users  # most users came back, many after 30 days

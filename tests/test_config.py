@@ -390,3 +390,12 @@ def test_engine_settings_keep_their_old_redis_names() -> None:
         load_settings(environ={**interval, "EVALUATOR_ENGINE__CHECKPOINT_INTERVAL": "2s"})
     with pytest.raises(ConfigError, match=r"engine.*finalised_ttl must be at least 1m"):
         load_settings(environ={"EVALUATOR_ENGINE__FINALISED_TTL": "10s"})
+
+
+def test_the_retired_exposure_ttl_still_loads_and_is_reported() -> None:
+    """Configuration files that set ``ab.exposure_ttl`` (exposures are now kept for an
+    experiment's life) still load; a value other than 0 is reported, naming the key."""
+    assert load_settings(environ={}).ab.deprecated() == []
+    old = load_settings(environ={}, overrides={"ab": {"exposure_ttl": "30d"}})
+    (line,) = old.ab.deprecated()
+    assert line.startswith("ab.exposure_ttl ")

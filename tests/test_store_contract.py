@@ -11,6 +11,7 @@ import dataclasses
 import json
 import random
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -255,21 +256,26 @@ def test_experiment_statistics_are_cumulative_from_the_start(make_store) -> None
     assert sum(b[..., 0].sum() for b in window.values()) == 1  # the window forgot two
 
 
+def exposure_experiments(fields: list[tuple[str, bytes]]) -> set[str]:
+    """The experiments that ``v:`` fields hold users of."""
+    return {msgspec.msgpack.decode(raw)[1] for name, raw in fields if name.startswith("v:")}
+
+
 def test_an_ended_experiment_drops_its_exposure_records(make_store) -> None:
     store = make_store(SETTINGS.layout())
     owner = Driver(store, settings=EXPERIMENTS)
     payloads = [impression("r1", "u1", 6_000, ["a"], variant="B")]
     owner.ingest(decode_impressions(payloads)[0], interactions())
-    assert any(name.startswith("e:late") for name, _ in store.claim(0).fields)
+    assert "late" in exposure_experiments(store.claim(0).fields)
     after = 9_000 + CONFIG.deadline(0) * 3  # the data's own time passes end + horizon
     Driver(store, settings=EXPERIMENTS).ingest(
         decode_impressions([impression("r9", "u9", after, ["a"], variant="B")])[0],
         interactions(),
     )
     Driver(store, settings=EXPERIMENTS).finalise(after)
-    fields = [name for name, _ in store.claim(0).fields]
-    assert not any(name.startswith("e:late") for name in fields)
-    assert any(name.startswith("e:all") for name in fields)  # still running
+    held = exposure_experiments(store.claim(0).fields)
+    assert "late" not in held
+    assert "all" in held  # still running
     assert store.exposures("late") == {"B": 1}  # the count stays
 
 
@@ -753,26 +759,27 @@ def test_dense_sketches_count_and_merge_like_redis_own(redis_url: str, key_prefi
     client.close()
 
 
-def test_exposure_records_expire_after_their_ttl(make_store) -> None:
-    """A user's exposure is forgotten ab.exposure_ttl of data time after it (memory stays
-    bounded); a user active later is counted once more, in the same arm."""
+def test_a_user_is_counted_once_for_the_experiments_whole_life(make_store) -> None:
+    """Exposed users are kept for the experiment's life (no TTL): a user back 95 days
+    later, through new owners each time, is not counted again; the state holds a few
+    ``v:`` fields, no field per user."""
     store = make_store(SETTINGS.layout())
     day = 86_400_000
-    settings = load_settings(environ={}, overrides={"ab": {"exposure_ttl": "10d"}})
 
     def step(rid: str, user: str, t: int) -> None:
         payloads = [impression(rid, user, t, ["a"], variant="B")]
-        owner = Driver(store, settings=settings)
+        owner = Driver(store, settings=SETTINGS)
         owner.ingest(decode_impressions(payloads)[0], interactions())
-        Driver(store, settings=settings).finalise(t)
+        Driver(store, settings=SETTINGS).finalise(t)
 
     step("r1", "u1", day)
-    step("r2", "u1", 5 * day)  # within the TTL: the same exposure
-    assert store.exposures("default") == {"B": 1}
-    step("r3", "u2", 12 * day)  # data time passes u1's exposure + 10 days
-    assert not any(name == "e:default\x1fu1" for name, _ in store.claim(0).fields)
-    step("r4", "u1", 13 * day)
-    assert store.exposures("default") == {"B": 3}
+    step("r2", "u1", 5 * day)
+    step("r3", "u2", 40 * day)
+    step("r4", "u1", 95 * day)
+    assert store.exposures("default") == {"B": 2}
+    fields = [name for name, _ in store.claim(0).fields]
+    assert not any(name.startswith("e:") for name in fields)
+    assert 1 <= sum(name.startswith("v:") for name in fields) <= 3
 
 
 def test_an_ended_experiment_counts_no_late_impression_again(make_store) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -133,6 +134,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     setup_logging()
     settings = load_settings(args.config, overrides=service_overrides(args))
+    for line in settings.ab.deprecated():
+        logging.getLogger("evaluator").warning("%s", line)
     port_free(settings.http.host, settings.http.port)
     stop = threading.Event()
     install_signal_handlers(stop)

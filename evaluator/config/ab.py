@@ -69,11 +69,10 @@ class ABSettings(msgspec.Struct, forbid_unknown_fields=True):
     min_users: int = 1000
     """No interval or p-value for an arm until it and its control have this many
     exposed users (the variance estimate is unreliable below; see docs/statistics.md)."""
-    exposure_ttl: str | int = "30d"
-    """A user's exposure record is kept this long (data time) after their first
-    exposure, then dropped: memory stays bounded by the users of the last 30 days, and a
-    user still active later is counted again, once per period (0: for the experiment's
-    whole life; experiments with an ``end`` drop theirs at the end anyway)."""
+    exposure_ttl: str | int = 0
+    """No longer used: exposed users are kept for the experiment's life, 8 bytes each
+    (see docs/statistics.md). Accepted so that older configuration files still load; a
+    value other than 0 is reported at start-up."""
     min_effective_buckets: float = 16.0
     """... nor while the arm's requests sit in fewer effective user buckets than this
     ((Σ n_b)² / Σ n_b²: a few heavy users dominating makes the variance unreliable)."""
@@ -94,6 +93,15 @@ class ABSettings(msgspec.Struct, forbid_unknown_fields=True):
             raise ValueError(f"max_variants must be in 1..{MAX_VARIANTS} (a label's values)")
         _check_split(self.split)
         setting_ms("exposure_ttl", self.exposure_ttl)
+
+    def deprecated(self) -> list[str]:
+        """What in these settings is accepted but no longer used, one line each."""
+        if setting_ms("exposure_ttl", self.exposure_ttl):
+            return [
+                "ab.exposure_ttl is no longer used: each experiment keeps its exposed "
+                "users for its whole life (8 bytes a user)"
+            ]
+        return []
 
     def experiment_list(self) -> tuple[Experiment, ...]:
         """The configured experiments, or the one ``default`` experiment."""

@@ -23,7 +23,6 @@ def engine_config(
         shadow_of=settings.ab.control,
         finalised_ttl_ms=settings.engine.ttl_s("finalised_ttl") * 1000,
         experiments=settings.ab.experiment_list(),
-        exposure_ttl_ms=parse_duration_ms(settings.ab.exposure_ttl),
         inputs=("impressions", "interactions")
         if settings.kafka.partitioner == "trust"
         else ("impressions", "interactions", "repartition"),

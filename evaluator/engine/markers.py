@@ -261,9 +261,7 @@ class Markers:
         each (the seed with the first)."""
         if not self.pending():
             return
-        if not self.seed_written:
-            out["k:"] = encode(self.seed)
-            self.seed_written = True
+        self.write_seed(out)
         keys, deadlines = self.new_final.take()
         pairs, pair_deadlines = self.new_applied.take()
         for start in range(0, max(keys.size, pairs.size), rows):
@@ -273,6 +271,12 @@ class Markers:
             segment = (keys[part], deadlines[part], pairs[part], pair_deadlines[part])
             out[name] = encode_segment(*segment)
             heapq.heappush(self.segments, (_last(segment), name))
+
+    def write_seed(self, out: dict[str, bytes | None]) -> None:
+        """The seed (``k:``), unless written already: before any hash it keys is."""
+        if not self.seed_written:
+            out["k:"] = encode(self.seed)
+            self.seed_written = True
 
     def load(self, segments: list[tuple[str, Any]], fields: list[tuple[str, list[Any]]]) -> None:
         """Rebuild from stored segments (and older versions' ``f:`` fields), with

@@ -154,20 +154,34 @@ class PartitionEngine:
         already = state.requests.contains(rids)
         final = state.markers.finalised(rids)
         fresh: dict[str, tuple[Any, ...]] = {}
-        for event, ts, known, done in zip(
-            events, impressions.timestamp_ms, already, final, strict=True
+        kept: list[int] = []
+        for n, (event, ts, known, done) in enumerate(
+            zip(events, impressions.timestamp_ms, already, final, strict=True)
         ):
             rid = event.request_id
             if known or done or rid in fresh:
                 counts.duplicates += 1
                 continue
             fresh[rid] = impression_row(event, ts, attribute, shadow_of)
+            kept.append(n)
+        if experiments and kept:
+            new = [events[n] for n in kept]
+            times = [impressions.timestamp_ms[n] for n in kept]
             for experiment in experiments:
-                if experiment.includes(event.variant, ts) and state.expose(
-                    experiment.name + SEP + event.user_id, event.variant, ts
-                ):
-                    counts.exposures[experiment.name + SEP + event.variant] += 1
+                self._expose(experiment, new, times)
         state.add_requests(list(fresh.values()), delay)
+
+    def _expose(self, experiment: Experiment, events: list[Any], times: list[int]) -> None:
+        """Count the users first exposed to an experiment by new requests, per variant."""
+        includes = experiment.includes
+        included = [e for e, t in zip(events, times, strict=True) if includes(e.variant, t)]
+        if not included:
+            return
+        first = self.state.expose(experiment.name, [e.user_id for e in included])
+        exposures = self.counts.exposures
+        for event, new in zip(included, first, strict=True):
+            if new:
+                exposures[experiment.name + SEP + event.variant] += 1
 
     def _ingest_interactions(self, interactions: InteractionBatch) -> None:
         state, counts = self.state, self.counts
@@ -319,8 +333,6 @@ class PartitionEngine:
         state.expire(watermark - self.config.horizon_ms, data_ms - self.config.finalised_ttl_ms)
         self._sweep_history(data_ms)
         self._end_experiments(data_ms)
-        if self.config.exposure_ttl_ms:
-            state.expire_exposures(data_ms - self.config.exposure_ttl_ms)
         return out
 
     def _over(self, experiment: Experiment, data_ms: int) -> bool:

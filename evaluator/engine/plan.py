@@ -35,8 +35,6 @@ class EngineConfig:
     goes idle."""
     experiments: tuple[Experiment, ...] = ()
     """Experiments whose exposures (a user's first impression) are recorded."""
-    exposure_ttl_ms: int = 30 * 86_400_000
-    """Exposure records are dropped this long after the exposure (0: kept)."""
     eager: tuple[str, ...] = ("repartition",)
     """Inputs idle as soon as they are confirmed at their end: the repartition topic
     only carries events forwarded by other partitions, usually none."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable
 from itertools import chain
-from sys import intern
 from typing import Any
 
 import numpy as np
@@ -66,15 +65,14 @@ def restore_state(
             state.user(key).active_ms = _decode(raw)
         elif kind == "f":
             fielded.append((key, _decode(raw)))
-        elif kind == "e":
-            variant, t = _decode(raw)
-            state.exposed[key] = (intern(variant), t)
-            state.exposure_expiry.append((t, key))
+        elif kind in "ve":
+            _load_exposures(state, name, raw)
         elif kind == "x":
             t = _decode(raw)
             state.seen[key] = t
             state.expiry.append((t, 1, key))
     state.markers.load(markers, fielded)
+    state.exposed.loaded()
     _load_book(state, book)
     _reopen_tables(state, tables, deadline)
     _reopen(state, rows)
@@ -89,8 +87,17 @@ def restore_state(
     heapq.heapify(state.segments)
     heapq.heapify(state.expiry)
     heapq.heapify(state.loose_expiry)
-    heapq.heapify(state.exposure_expiry)
     return state
+
+
+def _load_exposures(state: PartitionState, name: str, raw: bytes) -> None:
+    """An experiment's exposed users (``v:``), or one user's exposure (``e:``, written
+    by versions before exposure sets: hashed once the seed is known)."""
+    if name[0] == "v":
+        state.exposed.load(name, _decode(raw))
+    else:
+        experiment, user = name[2:].split("\x1f", 1)
+        state.exposed.legacy.append((experiment, user))
 
 
 def _load_segmented(

@@ -9,7 +9,7 @@ finalised or counted late (so a redelivery is a duplicate, not new). Pure: no I/
 Every change is recorded as a field of the partition's changelog
 (``t:<n>``, ``c:<n>``, ``w:``, ``j:<n>``, ``g:<n>``, ``m:``, ``k:``,
 ``i:<event>``, ``l:<event>``, ``h:<user>``, ``a:<user>``, ``x:<event>``,
-``e:<experiment US user>``), with the field's new encoded value or ``None`` for a
+``v:<n>``), with the field's new encoded value or ``None`` for a
 deletion. A store keeps those fields as one hash per partition: the hash *is* the
 compacted changelog, and
 :func:`evaluator.engine.restore.restore_state` rebuilds the state from it exactly.
@@ -29,19 +29,20 @@ as its request is open (the request's finalisation consumes it), and the segment
 is deleted once the watermark has passed the deadline of every request in it. An
 interaction naming a request that is not open (it may never come) is one
 ``i:<event>`` field, deleted when its request consumes it or after the marker TTL.
-Finalised markers are kept and written by :class:`~evaluator.engine.markers.Markers`.
+Finalised markers are kept and written by :class:`~evaluator.engine.markers.Markers`,
+each experiment's exposed users by :class:`~evaluator.engine.exposures.Exposures`.
 """
 
 from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from sys import intern
 
 from evaluator.core.finalise import OpenRequest, PendingInteraction
 from evaluator.engine import request_log
 from evaluator.engine.chunks import Chunk, Row
 from evaluator.engine.columns import OpenTable
+from evaluator.engine.exposures import Exposures
 from evaluator.engine.markers import Markers
 from evaluator.engine.records import UserState, encode
 
@@ -79,10 +80,6 @@ class PartitionState:
     hold every interaction of the marker TTL)."""
     loose_expiry: list[tuple[int, int, str]] = field(default_factory=list)
     """Heap of (time, 2, user US event) of loose interactions, dropped past the horizon."""
-    exposed: dict[str, tuple[str, int]] = field(default_factory=dict)
-    """``experiment US user`` -> the variant and time of the user's first impression in it."""
-    exposure_expiry: list[tuple[int, str]] = field(default_factory=list)
-    """Heap of (first exposure time, key), dropped past ``ab.exposure_ttl``."""
     changes: Changes = field(default_factory=dict)
     born: set[str] = field(default_factory=set)
     """Changelog fields created since the last flush (absent from the store): deleting
@@ -126,9 +123,12 @@ class PartitionState:
     (``allowed_lateness``, the attribution window, the skew) loses no open request."""
     markers: Markers = field(init=False)
     """The finalised markers (they record their changes here)."""
+    exposed: Exposures = field(init=False)
+    """Each experiment's exposed users (hashed with the markers' seed)."""
 
     def __post_init__(self) -> None:
         self.markers = Markers(self)
+        self.exposed = Exposures(self, lambda: self.markers.seed)
 
     # --- writes -----------------------------------------------------------------
 
@@ -204,34 +204,13 @@ class PartitionState:
     def _write_history(self, user_id: str, user: UserState) -> None:
         self.changes["h:" + user_id] = _encode(user.history) if user.history else None
 
-    def expose(self, key: str, variant: str, t_ms: int) -> bool:
-        """Record a user's first exposure in an experiment (``experiment US user``) at
-        impression time ``t_ms``; False when the user was exposed already."""
-        if key in self.exposed:
-            return False
-        self.exposed[key] = (intern(variant), t_ms)  # one string per variant, not per user
-        heapq.heappush(self.exposure_expiry, (t_ms, key))
-        self.changes["e:" + key] = _encode((variant, t_ms))
-        return True
-
-    def expire_exposures(self, before_ms: int) -> None:
-        """Forget exposures first recorded before ``before_ms`` (``ab.exposure_ttl``)."""
-        heap = self.exposure_expiry
-        while heap and heap[0][0] < before_ms:
-            t, key = heapq.heappop(heap)
-            found = self.exposed.get(key)
-            if found is not None and found[1] == t:
-                del self.exposed[key]
-                self.changes["e:" + key] = None
+    def expose(self, experiment: str, users: list[str]) -> list[bool]:
+        """Record users exposed to an experiment; True for each first exposure."""
+        return self.exposed.first(experiment, users)
 
     def drop_exposures(self, experiment: str) -> int:
-        """Forget an ended experiment's exposure records; returns how many."""
-        prefix = experiment + "\x1f"
-        gone = [k for k in self.exposed if k.startswith(prefix)]
-        for key in gone:
-            del self.exposed[key]
-            self.changes["e:" + key] = None
-        return len(gone)
+        """Forget an ended experiment's exposed users; returns how many."""
+        return self.exposed.drop(experiment)
 
     def mark_seen(self, event_id: str, timestamp_ms: int) -> None:
         self.seen[event_id] = timestamp_ms
@@ -342,7 +321,8 @@ class PartitionState:
 
     def unwritten(self) -> int:
         """Changelog fields and segment rows waiting for the next flush."""
-        return len(self.changes) + len(self.fresh) + len(self.waiting) + self.markers.pending()
+        pending = self.markers.pending() + self.exposed.pending()
+        return len(self.changes) + len(self.fresh) + len(self.waiting) + pending
 
     def flush(self) -> Changes:
         """The changes since the last flush (and forget them); requests opened since then
@@ -357,6 +337,8 @@ class PartitionState:
         if self.waiting:
             self._write_waiting(out)
         self.markers.write(out, self.segment_rows)
+        if self.exposed.write(out):
+            self.markers.write_seed(out)
         self.born = set()
         return out
 
