@@ -135,6 +135,29 @@ def test_codebook_codes_each_string_once() -> None:
     assert book.strings == ["x", "y", "z"] and len(book) == 3
 
 
+def test_the_codebook_agrees_with_a_dict_through_growth() -> None:
+    """Batches of strings (repeats within and across batches, non-ASCII, empty, NUL),
+    through many doublings of the hash table: each string's code is the order of its
+    first appearance, ``find`` gives -1 for strings never added and adds nothing."""
+    rng = random.Random(8)
+    book = Codebook()
+    reference: dict[str, int] = {}
+    alphabet = ["a", "b", "é", "\x00", "7", "ü", "-"]
+    for _ in range(300):
+        batch = [
+            "".join(rng.choices(alphabet, k=rng.randrange(0, 6)))
+            for _ in range(rng.randrange(0, 80))
+        ]
+        absent = [s + "!" for s in batch[:5] if s + "!" not in reference]
+        assert book.find(absent).tolist() == [-1] * len(absent)
+        want = [reference.setdefault(s, len(reference)) for s in batch]
+        assert book.encode(batch).tolist() == want
+        assert book.find(batch).tolist() == want
+    assert book.strings == list(reference) and len(reference) > 3_000
+    rebuilt = Codebook(book.strings)
+    assert rebuilt.find(list(reference)).tolist() == list(range(len(reference)))
+
+
 def test_codes_past_sixteen_bits_widen_the_chunks_that_need_them() -> None:
     """Codes are 16 bits while the codebook is small, 32 once it is not; chunks of
     both kinds merge and read back alike."""

@@ -134,8 +134,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     setup_logging()
     settings = load_settings(args.config, overrides=service_overrides(args))
+    log = logging.getLogger("evaluator")
     for line in settings.ab.deprecated():
-        logging.getLogger("evaluator").warning("%s", line)
+        log.warning("%s", line)
+    if os.environ.get("PYTHONHASHSEED", "random") != "random":
+        log.warning(
+            "PYTHONHASHSEED is set: string hashes are predictable, so item ids could be "
+            "chosen to share a codebook entry; unset it in production"
+        )
     port_free(settings.http.host, settings.http.port)
     stop = threading.Event()
     install_signal_handlers(stop)

@@ -54,10 +54,9 @@ def due_contexts(
     order = user_order(users, times, imp_ids).tolist()
     ids = [imp_ids[i] for i in order]
     impressions = UserImpressions(users[order], times[order], [shown.items[i] for i in order])
-    code_of = state.requests.book.codes.get
     interactions = LooseInteractions(
         np.array(loose_user, dtype=np.int64),
-        [code_of(it.item_id, -1) for it in loose],  # type: ignore[arg-type]
+        state.requests.book.find([it.item_id for it in loose]).tolist(),  # type: ignore[misc]
         np.fromiter((it.timestamp_ms for it in loose), dtype=np.int64, count=len(loose)),
         np.fromiter((it.grade for it in loose), dtype=np.float64, count=len(loose)),
     )

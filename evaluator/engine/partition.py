@@ -306,7 +306,7 @@ class PartitionEngine:
             joined, history, loose_of = due_contexts(state, due)
             groups = configure(due) if configure else [(self.config.finalise, due)]
             for config, group in groups:
-                loaded = [self._with_named(r) for r in group]
+                loaded = self._with_named(group)
                 book = table.book
                 done = finalise(
                     loaded,
@@ -360,19 +360,24 @@ class PartitionEngine:
         times = [c.max_event_ms for c in self.inputs.values() if c.max_event_ms is not None]
         return max(times) if times else (self.watermark_ms or 0)
 
-    def _with_named(self, request: OpenRequest) -> OpenRequest:
-        """The request with the interactions that named it (it is being closed: its
-        record is not copied, and the interactions are not part of its changelog value)."""
-        waiting = self.state.named.get(request.request_id)
-        if not waiting:
-            request.interactions = []
-            return request
-        code = self.state.requests.book.codes.get
-        request.interactions = [
-            PendingInteraction(it.event_id, code(it.item_id, -1), it.timestamp_ms, it.grade)  # type: ignore[arg-type]
-            for it in waiting.values()
-        ]
-        return request
+    def _with_named(self, requests: list[OpenRequest]) -> list[OpenRequest]:
+        """The requests with the interactions that named them, items as codes (they are
+        being closed: their records are not copied, and the interactions are not part
+        of their changelog value)."""
+        named = self.state.named
+        waiting = [named.get(r.request_id) for r in requests]
+        pending = [it for w in waiting if w for it in w.values()]
+        codes = iter(self.state.requests.book.find([it.item_id for it in pending]).tolist())  # type: ignore[misc]
+        for request, its in zip(requests, waiting, strict=True):
+            request.interactions = (
+                [
+                    PendingInteraction(it.event_id, next(codes), it.timestamp_ms, it.grade)
+                    for it in its.values()
+                ]
+                if its
+                else []
+            )
+        return requests
 
     def _sweep_history(self, watermark: int) -> None:
         """Expire cold-start histories past their TTL, once per TTL/10 of event time."""
