@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from evaluator.adapters.memory import MemoryStore
 from evaluator.adapters.prometheus.collector import WindowCollector
-from evaluator.config import load_settings
+from evaluator.config import Settings, load_settings
 from evaluator.config.plain import readout_config, tasks_config
 from evaluator.core.ab.stats import SRM_CONCENTRATION
 from evaluator.engine.batches import PartitionBatch
@@ -121,6 +121,26 @@ def deliver(tasks: Tasks, clock: FakeClock, hour: list[bytes], offsets: dict[str
         tasks.apply([batch], {})
 
 
+def live(settings: Settings) -> tuple[Tasks, FakeClock, CollectorRegistry]:
+    """One partition's engine on the embedded store, a wall clock that follows the data
+    (live traffic), and a registry holding the exporter's collector."""
+    store = MemoryStore(settings.layout(1))
+    clock = FakeClock(T0)
+    tasks = Tasks(store, tasks_config(settings, 1), clock_ms=clock)
+    tasks.assign([0])
+    registry = CollectorRegistry()
+    registry.register(WindowCollector(LiveReader(store, readout_config(settings), store.frontier)))
+    return tasks, clock, registry
+
+
+def note_exposures(payloads: list[bytes], exposed: dict[str, set[str]]) -> int:
+    """Add the impressions' users to their variant's set; returns the impressions."""
+    impressions = [json.loads(p) for p in payloads if b'"items"' in p]
+    for event in impressions:
+        exposed[event["variant"]].add(event["user_id"])
+    return len(impressions)
+
+
 def test_exported_ab_series_over_a_long_run() -> None:
     settings = load_settings(
         environ={},
@@ -130,12 +150,7 @@ def test_exported_ab_series_over_a_long_run() -> None:
             "kafka": {"partitioner": "trust"},
         },
     )
-    store = MemoryStore(settings.layout(1))
-    clock = FakeClock(T0)  # live traffic: the wall clock follows the data
-    tasks = Tasks(store, tasks_config(settings, 1), clock_ms=clock)
-    tasks.assign([0])
-    registry = CollectorRegistry()
-    registry.register(WindowCollector(LiveReader(store, readout_config(settings), store.frontier)))
+    tasks, clock, registry = live(settings)
     rng = random.Random(3)
     traffic = hourly_traffic(rng, hours=72, users=2_500)
     offsets = {"impressions": 0, "interactions": 0}
@@ -144,10 +159,7 @@ def test_exported_ab_series_over_a_long_run() -> None:
     ready_looks = lifted = 0
     for hour in traffic:
         deliver(tasks, clock, hour, offsets)
-        for p in hour:
-            if b'"items"' in p:
-                event = json.loads(p)
-                exposed[event["variant"]].add(event["user_id"])
+        note_exposures(hour, exposed)
         found = scrape(registry)
         users = sum(pick(found, "recsys_eval_ab_users", variant=v) or 0 for v in "AB")
         requests = sum(pick(found, "recsys_eval_ab_requests", variant=v) or 0 for v in "AB")
@@ -195,12 +207,7 @@ def test_a_90_day_experiment_exports_its_exact_distinct_users() -> None:
     exported about a third more), and the sample-ratio test of this exact 50/50 split
     never alarms."""
     settings = load_settings(environ={}, overrides={"kafka": {"partitioner": "trust"}})
-    store = MemoryStore(settings.layout(1))
-    clock = FakeClock(T0)
-    tasks = Tasks(store, tasks_config(settings, 1), clock_ms=clock)
-    tasks.assign([0])
-    registry = CollectorRegistry()
-    registry.register(WindowCollector(LiveReader(store, readout_config(settings), store.frontier)))
+    tasks, clock, registry = live(settings)
     rng = random.Random(11)
     days = hourly_traffic(rng, hours=90, users=1_500, step_ms=24 * HOUR, per_step=(40, 70))
     offsets = {"impressions": 0, "interactions": 0}
@@ -208,11 +215,7 @@ def test_a_90_day_experiment_exports_its_exact_distinct_users() -> None:
     impressions = 0
     for day in days:
         deliver(tasks, clock, day, offsets)
-        for p in day:
-            if b'"items"' in p:
-                event = json.loads(p)
-                exposed[event["variant"]].add(event["user_id"])
-                impressions += 1
+        impressions += note_exposures(day, exposed)
         found = scrape(registry)
         for v in "AB":
             assert pick(found, "recsys_eval_ab_users", variant=v) == len(exposed[v])
