@@ -13,7 +13,7 @@ import pytest
 
 from evaluator.core.finalise import OpenRequest
 from evaluator.engine import chunks, columns, segments
-from evaluator.engine.chunks import Codebook
+from evaluator.engine.codebook import Codebook
 from evaluator.engine.columns import OpenTable
 
 

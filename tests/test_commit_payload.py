@@ -15,7 +15,7 @@ import pytest
 from evaluator.core.finalise import Finalised, OpenRequest
 from evaluator.core.sketch import hash_strings
 from evaluator.core.windows import AggregateLayout
-from evaluator.engine.chunks import Codebook
+from evaluator.engine.codebook import Codebook
 from evaluator.engine.commit_payload import block_increments, coverage_updates
 
 T0 = 1_700_000_000_000

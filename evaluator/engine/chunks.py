@@ -18,122 +18,13 @@ import numpy as np
 import numpy.typing as npt
 
 from evaluator.core.finalise import OpenRequest
-from evaluator.core.sketch import U64, hash_strings
+from evaluator.engine.codebook import NONE, Codebook
 
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
 Row = Sequence[Any]
 """``(request id, user id, variant, time, items, attributes, shadow variant, shadow,
 context, randomisation [kind, n] or None)``: a changelog request row."""
-
-NONE = -1
-"""The code of an absent label (no randomisation)."""
-
-
-class Codebook:
-    """Strings as ``int32`` codes: one entry per distinct item id, attribute value or
-    label of the partition's open requests, each string kept once.
-
-    Looked up a batch at a time through an open-addressing table of the strings'
-    Python hashes (64-bit SipHash, keyed per process), probed with numpy: a dict
-    probe per string compares it with the stored key, a memory access that misses
-    the cache on a large catalog (~300 ns a string inside the engine); the table's
-    probes are independent array reads. Two distinct strings of one partition's
-    codebook share a hash with a probability of about 1 in 150 million for 500,000
-    strings (they would then share a code); with hash randomisation switched off
-    (``PYTHONHASHSEED`` set to a number) hashes are predictable, so ``evaluator run``
-    warns about it.
-    """
-
-    __slots__ = ("_hashed", "_hashes", "_keys", "_mask", "_slots", "strings")
-
-    def __init__(self, strings: Iterable[str] = ()) -> None:
-        self.strings: list[str] = []
-        self._hashes = np.zeros(0, dtype=np.uint64)
-        self._hashed = 0
-        self._mask = 1023
-        self._keys = np.zeros(self._mask + 1, dtype=np.int64)
-        self._slots = np.full(self._mask + 1, NONE, dtype=np.int32)
-        """The code held at each slot of the table (-1: empty)."""
-        self.encode(list(strings))
-
-    def hashes(self) -> U64:
-        """:func:`~evaluator.core.sketch.hash_strings` of every string, code-indexed
-        (each string hashed once; the array returned stays valid as strings are added)."""
-        n = len(self.strings)
-        if self._hashed < n:
-            if self._hashes.size < n:  # grown by half again: amortised copies
-                grown = np.zeros(max(n, self._hashes.size * 3 // 2), dtype=np.uint64)
-                grown[: self._hashed] = self._hashes[: self._hashed]
-                self._hashes = grown
-            self._hashes[self._hashed : n] = hash_strings(self.strings[self._hashed : n])
-            self._hashed = n
-        return self._hashes[:n]
-
-    def _find(self, keys: I64) -> I32:
-        """The code of each hash (-1: none): linear probing, all keys a round at once."""
-        out = np.full(keys.size, NONE, dtype=np.int32)
-        mask, table, slots = self._mask, self._keys, self._slots
-        slot = keys & mask
-        todo = np.arange(keys.size)
-        while todo.size:
-            at = slot[todo]
-            code = slots[at]
-            used = code != NONE
-            hit = used & (table[at] == keys[todo])
-            out[todo[hit]] = code[hit]
-            more = used & ~hit
-            todo = todo[more]
-            slot[todo] = (at[more] + 1) & mask
-        return out
-
-    def find(self, values: Sequence[str]) -> I32:
-        """The code of each string, -1 where it has none (nothing is added)."""
-        return self._find(np.fromiter(map(hash, values), dtype=np.int64, count=len(values)))
-
-    def code(self, value: str) -> int:
-        return int(self.encode([value])[0])
-
-    def encode(self, values: Sequence[str]) -> I32:
-        """The codes of ``values`` (new ones are added, in order of first appearance)."""
-        keys = np.fromiter(map(hash, values), dtype=np.int64, count=len(values))
-        codes = self._find(keys)
-        missing = np.flatnonzero(codes == NONE)
-        if missing.size:
-            _, first = np.unique(keys[missing], return_index=True)
-            new = missing[np.sort(first)]  # each new string once, in order
-            start = len(self.strings)
-            self.strings += [values[i] for i in new.tolist()]
-            self._insert(keys[new], np.arange(start, start + new.size, dtype=np.int32))
-            codes[missing] = self._find(keys[missing])
-        return codes
-
-    def _insert(self, keys: I64, codes: I32) -> None:
-        """Add hashes not held yet (distinct), growing the table past half full."""
-        if 2 * (len(self.strings)) > self._mask + 1:
-            size = self._mask + 1
-            while 2 * len(self.strings) > size:
-                size *= 2
-            held = np.flatnonzero(self._slots != NONE)
-            old_keys, old_codes = self._keys[held], self._slots[held]
-            self._mask = size - 1
-            self._keys = np.zeros(size, dtype=np.int64)
-            self._slots = np.full(size, NONE, dtype=np.int32)
-            keys, codes = np.concatenate([old_keys, keys]), np.concatenate([old_codes, codes])
-        mask = self._mask
-        slot = keys & mask
-        while keys.size:  # each round places, per free slot, the first key probing it
-            free = self._slots[slot] == NONE
-            _, first = np.unique(slot[free], return_index=True)
-            placed = np.flatnonzero(free)[first]
-            self._keys[slot[placed]] = keys[placed]
-            self._slots[slot[placed]] = codes[placed]
-            rest = np.ones(keys.size, dtype=np.bool_)
-            rest[placed] = False
-            keys, codes, slot = keys[rest], codes[rest], (slot[rest] + 1) & mask
-
-    def __len__(self) -> int:
-        return len(self.strings)
 
 
 @dataclass(slots=True)

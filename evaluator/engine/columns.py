@@ -31,7 +31,8 @@ from typing import NamedTuple
 import numpy as np
 
 from evaluator.core.finalise import OpenRequest
-from evaluator.engine.chunks import NONE, Chunk, Codebook, Row, hashes_of
+from evaluator.engine.chunks import Chunk, Row, hashes_of
+from evaluator.engine.codebook import NONE, Codebook
 
 CHUNK_ROWS = 16_384
 """Rows per chunk at most: few chunks to search, little memory held by a straggler."""

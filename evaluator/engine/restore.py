@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from evaluator.core.finalise import PendingInteraction
-from evaluator.engine.chunks import Codebook
+from evaluator.engine.codebook import Codebook
 from evaluator.engine.columns import OpenTable
 from evaluator.engine.records import decode
 from evaluator.engine.segments import decode_segment
