@@ -13,8 +13,12 @@ wins, ``-1`` when A wins, ``0`` for a tie: ``Δ = (wins_B − wins_A) / n``, so 
 share of requests preferring B among the decided ones is ``(1 + Δ)/2`` over the
 ties' share (Chapelle, Joachims, Radlinski & Yue 2012, "Large-scale validation and
 analysis of interleaved search evaluation", whose Δ_AB is half of it). Both rankers
-are seen by every user, so there is no between-user variance to average away: the
-same ranking preference needs far fewer users than an A/B test on nDCG.
+are seen by every user, so differences between users (how much they click) do not
+enter the comparison. Whether that makes it need fewer users than an A/B test on
+nDCG depends on how much users differ: in the simulator's world, where they differ
+only by segment and activity, team draft needed more users than the A/B test; with
+users whose click propensities differ (lognormal, σ = 1) about 10× fewer. That
+comparison is not settled here.
 
 Randomisation is by request (the coin), but a user's requests are correlated, so the
 unit of the variance is the user bucket, as in :mod:`evaluator.core.ab.stats`: per
