@@ -18,7 +18,6 @@ import statistics
 import time
 import urllib.request
 import uuid
-from collections import Counter
 
 import numpy as np
 from _common import machine
@@ -29,7 +28,8 @@ from evaluator.adapters.redis.store import RedisStore, connect
 from evaluator.adapters.web.http import Refreshed, serve
 from evaluator.config import load_settings
 from evaluator.config.plain import readout_config
-from evaluator.core.finalise import Finalised, OpenRequest
+from evaluator.core.due import OpenRequest
+from evaluator.core.finalise import Finalised
 from evaluator.engine.checkpoint import Delta
 from evaluator.readout.live import LiveReader
 
@@ -87,8 +87,8 @@ def commit_batch(
         rows[:, 0] = 1
         deadline = np.sort(rng.integers(lo_ms, hi_ms, m)).astype(np.int64)
         local = rng.integers(0, layout.local_buckets, m)
-        done = Finalised(
-            reqs, rows, rng.integers(0, 2, m), partition + PARTITIONS * local, deadline, Counter()
+        done = Finalised.of(
+            reqs, rows, rng.integers(0, 2, m), partition + PARTITIONS * local, deadline
         )
         owner.commit(done, partition)
 

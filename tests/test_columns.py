@@ -11,7 +11,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from evaluator.core.finalise import OpenRequest
+from evaluator.core.due import OpenRequest, requests_of
 from evaluator.engine import chunks, columns, segments
 from evaluator.engine.codebook import Codebook
 from evaluator.engine.columns import OpenTable
@@ -56,7 +56,8 @@ def check(table: OpenTable, reference: dict[str, OpenRequest], rng: random.Rando
         (r for r in reference.values() if r.timestamp_ms <= through),
         key=lambda r: (r.timestamp_ms, r.request_id),
     )
-    assert table.due(through) == due
+    got, _ = table.due(through)
+    assert requests_of(got, table.book.strings) == due
     assert table.count_due(through) == len(due)
     users = [f"user-{rng.randrange(25)}" for _ in range(3)]
     shown = table.of_users(users)
@@ -93,8 +94,12 @@ def test_open_table_answers_as_a_dict_of_requests(
         table.append(batch)
         reference.update((r[0], request(r)) for r in batch)
         gone = [*rng.sample(sorted(reference), len(reference) // 3), "req-never"]
-        if rng.random() < 0.5:  # as finalisation does: the due first, then gone
-            table.due(1_000 + rng.randrange(500))
+        if rng.random() < 0.5:  # as finalisation does: the due, closed where found
+            due, places = table.due(1_000 + rng.randrange(500))
+            table.close(places)
+            for rid in due.request_id:
+                del reference[rid]
+            check(table, reference, rng)
         table.remove(gone)
         for rid in gone:
             reference.pop(rid, None)

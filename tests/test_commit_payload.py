@@ -6,13 +6,14 @@ by one, as the documented rules read."""
 from __future__ import annotations
 
 import random
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from evaluator.core.finalise import Finalised, OpenRequest
+from evaluator.core.due import OpenRequest, Ragged
+from evaluator.core.finalise import Finalised
 from evaluator.core.sketch import hash_strings
 from evaluator.core.windows import AggregateLayout
 from evaluator.engine.codebook import Codebook
@@ -40,13 +41,12 @@ def _finalised(seed: int, layout: AggregateLayout) -> Finalised:
     ]
     deadlines = np.array([T0 + rng.randrange(0, 10**8) for _ in range(n)], dtype=np.int64)
     rows = np.asarray([[rng.random() for _ in range(layout.row_width)] for _ in range(n)])
-    return Finalised(
+    return Finalised.of(
         requests,
         rows,
         np.array([rng.randrange(2) for _ in range(n)], dtype=np.int64),
         np.array([rng.randrange(layout.user_buckets) for _ in range(n)], dtype=np.int64),
         deadlines,
-        Counter(),
     )
 
 
@@ -109,9 +109,11 @@ def test_coded_items_hash_as_their_ids(seed: int) -> None:
     done = _finalised(seed, layout)
     book = Codebook(f"p{n}" for n in range(40))  # some strings hashed before the rest
     book.hashes()
+    items = done.due.items
+    recoded = np.array([book.code(done.names[c]) for c in items.flat.tolist()], dtype=np.int64)
     coded = replace(
         done,
-        requests=[replace(r, items=[book.code(i) for i in r.items]) for r in done.requests],
+        due=replace(done.due, items=Ragged(recoded, items.off)),
         names=book.strings,
         name_hashes=book.hashes(),
     )

@@ -499,7 +499,7 @@ def stored_request(store, **extra):
     Driver(store).ingest(decode_impressions([payload])[0], interactions())
     done = Driver(store).finalise(CONFIG.deadline(1_000))
     assert finalised(done) == 1
-    return done[0].decoded(0)
+    return done[0].requests[0]
 
 
 def test_attribute_values_round_trip(make_store) -> None:

@@ -87,19 +87,19 @@ class MemoryStore:
         coverage sets and its observation to ``observed`` (by day); ``written``: the
         oldest bucket start written per window."""
         layout = self.layout
-        request = finalised.requests[i]
+        variant = finalised.due.variant[i]
         local = int(finalised.user_bucket[i]) // layout.shards
         cohort = int(finalised.cohort[i])
         for window in layout.windows_ms:
             start = int(layout.bucket_start(window, finalised.deadline_ms[i : i + 1])[0])
             written[window] = min(start, written.get(window, start))
-            key = (window, start, request.variant, shard)
+            key = (window, start, variant, shard)
             block = self._blocks.get(key)
             if block is None:
                 block = self._blocks[key] = np.zeros(layout.block_shape)
             block[cohort, local] += finalised.rows[i]
             for k in layout.ks:
-                key = (window, start, request.variant, k)
+                key = (window, start, variant, k)
                 self._items.setdefault(key, set()).update(shown[:k])
             if window == max(layout.windows_ms):
                 key = (window, start, "*", 0)
@@ -156,7 +156,7 @@ class MemoryStore:
                 self._experiments[(key, partition)] = block if found is None else found + block
             for done in delta.finalised:
                 shown = done.shown()
-                for i in range(len(done.requests)):
+                for i in range(len(done)):
                     self._aggregate(
                         done, i, shown[i], shard=partition, observed=observed, written=written
                     )

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -90,18 +89,12 @@ def experiments_from(
     )
 
 
-class _Request(Protocol):
-    variant: str
-    timestamp_ms: int
-
-
 def experiment_rows(
-    experiments: Sequence[Experiment], requests: Sequence[_Request]
+    experiments: Sequence[Experiment], variants: Sequence[str], times: npt.NDArray[np.int64]
 ) -> dict[str, npt.NDArray[np.intp]]:
-    """Per experiment, the indices of the finalised ``requests`` that count for it."""
-    if not experiments or not requests:
+    """Per experiment, the indices of the finalised requests (their variants and
+    impression times) that count for it."""
+    if not experiments or not variants:
         return {}
-    variants = [r.variant for r in requests]
-    times = np.fromiter((r.timestamp_ms for r in requests), np.int64, len(requests))
     out = {e.name: e.rows(variants, times) for e in experiments}
     return {name: rows for name, rows in out.items() if rows.size}

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from itertools import repeat
-from typing import NamedTuple, cast
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from evaluator.core.cohort import cohort_codes, earlier_counts
+from evaluator.core.due import Due, OpenRequest, due_of, requests_of
 from evaluator.core.join import (
     ItemKey,
     JoinOutcome,
@@ -27,9 +28,10 @@ from evaluator.core.join import (
     count_outcomes,
     join_by_request_batch,
     join_by_user_batch,
+    request_outcomes,
 )
 from evaluator.core.metrics.overlap import rbo
-from evaluator.core.metrics.setlevel import encode_top, intra_list_diversity
+from evaluator.core.metrics.setlevel import intra_list_diversity
 from evaluator.core.propensity.estimation import Observation, clicked_positions
 from evaluator.core.scoring import ScoringConfig, score_sparse
 from evaluator.core.sketch import U64, hash_strings
@@ -42,38 +44,6 @@ from evaluator.core.windows import (
 
 FloatArray = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
-
-
-class PendingInteraction(NamedTuple):
-    """A stored interaction waiting for its request(s) to finalise."""
-
-    event_id: str
-    item_id: ItemKey
-    timestamp_ms: int
-    grade: float
-
-
-@dataclass(slots=True)
-class OpenRequest:
-    """A stored impression and the interactions that named its request id."""
-
-    request_id: str
-    user_id: str
-    variant: str
-    timestamp_ms: int
-    items: Sequence[ItemKey]
-    """Item ids, or their codes in the partition's codebook (see :class:`Finalised`)."""
-    interactions: Sequence[PendingInteraction] = ()
-    """Set when the request is closed; the shared empty tuple until then (no empty
-    list per open request: a lot of them are held)."""
-    attributes: Sequence[ItemKey] = ()
-    """Values of the diversity attribute, parallel to ``items`` (may be empty)."""
-    shadow_variant: str = ""
-    shadow: Sequence[ItemKey] = ()
-    """The ranking ``shadow_variant`` would have shown (empty: none)."""
-    context: str = ""
-    randomization: tuple[str, int] | None = None
-    """``("topn", n)`` or ``("swap", k)`` when the list was randomised."""
 
 
 @dataclass(slots=True)
@@ -90,13 +60,19 @@ class History:
 class Finalised:
     """Statistics rows of finalised requests, in the order they were given."""
 
-    requests: list[OpenRequest]
+    due: Due
+    """The requests, as columns (lists as codes of :attr:`names`)."""
     rows: FloatArray
     cohort: I64
     """0 = cold_start, 1 = established."""
     user_bucket: I64
     deadline_ms: I64
     outcomes: Counter[str]
+    names: Sequence[str] = ()
+    """The strings the requests' items are codes of (the partition's codebook)."""
+    name_hashes: U64 | None = None
+    """Stable hashes (``hash_strings``) of the names: each distinct item hashed once
+    (None: hashed when asked)."""
     observations: list[Observation] = field(default_factory=list)
     """Per request, what the propensity estimators count (empty when not collecting)."""
     propensity_positions: int = 0
@@ -110,44 +86,39 @@ class Finalised:
     experiment_rows: dict[str, npt.NDArray[np.intp]] = field(default_factory=dict)
     """Per experiment, the rows that count for its cumulative statistics (see
     :mod:`evaluator.core.experiments`); set by the engine."""
-    names: Sequence[str] | None = None
-    """The strings the requests' items are codes of (the partition's codebook, which
-    the join and scores need not read); None: they are item ids."""
-    name_hashes: U64 | None = None
-    """Stable hashes (``hash_strings``) of the names: each distinct item hashed once."""
 
-    def shown(self) -> list[Sequence[str]]:
+    @classmethod
+    def of(
+        cls,
+        requests: Sequence[OpenRequest],
+        rows: FloatArray,
+        cohort: I64,
+        user_bucket: I64,
+        deadline_ms: I64,
+    ) -> Finalised:
+        """Rows of request objects (items as strings): tests and benchmarks."""
+        due, names = due_of(requests)
+        return cls(due, rows, cohort, user_bucket, deadline_ms, Counter(), names)
+
+    def __len__(self) -> int:
+        return len(self.due)
+
+    @property
+    def requests(self) -> list[OpenRequest]:
+        """The requests as objects, item ids decoded (built on each call: for readers
+        that want one object per request, not for the live path)."""
+        return requests_of(self.due, self.names)
+
+    def shown(self) -> list[list[str]]:
         """Each request's item ids (what coverage counts)."""
         names = self.names
-        if names is None:
-            return [cast("Sequence[str]", r.items) for r in self.requests]
-        decode = names.__getitem__
-        return [list(map(decode, cast("Sequence[int]", r.items))) for r in self.requests]
+        return [[names[c] for c in row] for row in self.due.items.lists()]
 
-    def decoded(self, i: int) -> OpenRequest:
-        """Request ``i`` with its item ids, attribute values and shadow ranking (a copy
-        when they are codes)."""
-        request = self.requests[i]
-        if self.names is None:
-            return request
-        return replace(
-            request,
-            items=self.ids(request.items),
-            attributes=self.ids(request.attributes),
-            shadow=self.ids(request.shadow),
-        )
-
-    def item_hashes(self, items: Sequence[ItemKey]) -> U64:
-        """Stable hashes of the given items (of the requests: ids or codes)."""
-        if self.names is None or self.name_hashes is None:
-            return hash_strings(self.ids(items))
-        return self.name_hashes[np.asarray(items, dtype=np.intp)]
-
-    def ids(self, items: Sequence[ItemKey]) -> list[str]:
-        """Item ids of the requests' items (codes are decoded)."""
-        if self.names is None:
-            return list(cast("Sequence[str]", items))
-        return list(map(self.names.__getitem__, cast("Sequence[int]", items)))
+    def item_hashes(self, codes: npt.NDArray[np.integer[Any]]) -> U64:
+        """Stable hashes of the given item codes."""
+        if self.name_hashes is None:
+            self.name_hashes = hash_strings(list(self.names))
+        return self.name_hashes[codes.astype(np.intp)]
 
 
 def deadline_ms(impression_ms: int, rules: JoinRules, allowed_lateness_ms: int) -> int:
@@ -256,31 +227,24 @@ class LooseJoin(NamedTuple):
     interactions: LooseInteractions
 
 
-def _named(
-    requests: list[OpenRequest], request_ms: I64, rules: JoinRules, outcomes: Counter[str]
-) -> Attributed:
-    """The due requests' own interactions."""
-    named = [(row, it) for row, r in enumerate(requests) for it in r.interactions]
-    return attribute_named(
-        request_ms,
-        [r.items for r in requests],
-        NamedInteractions(
-            [row for row, _ in named],
-            [it.item_id for _, it in named],
-            np.fromiter((it.timestamp_ms for _, it in named), dtype=np.int64, count=len(named)),
-            np.fromiter((it.grade for _, it in named), dtype=np.float64, count=len(named)),
-        ),
-        rules,
-        outcomes,
-    )
+def _named(due: Due, rules: JoinRules, outcomes: Counter[str]) -> Attributed:
+    """The due requests' own interactions (they name their request's row)."""
+    named = due.named
+    if not named.row.size:
+        return Attributed.join([])
+    positions = due.items.positions(named.row, named.item)
+    codes, positions = request_outcomes(positions, named.row, named.ms, due.ms, rules)
+    count_outcomes(codes, outcomes)
+    ok = np.flatnonzero(codes == 0)
+    return Attributed(named.row[ok], positions[ok], named.grade[ok])
 
 
 def _loose(
-    requests: list[OpenRequest], loose: LooseJoin, rules: JoinRules, outcomes: Counter[str]
+    request_ids: Sequence[str], loose: LooseJoin, rules: JoinRules, outcomes: Counter[str]
 ) -> tuple[Attributed, I64]:
-    """Request-less interactions whose user-based join picks one of ``requests``, and
+    """Request-less interactions whose user-based join picks one of the requests, and
     their indexes in ``loose.interactions``."""
-    row_of = {r.request_id: row for row, r in enumerate(requests)}
+    row_of = {rid: row for row, rid in enumerate(request_ids)}
     impression_row = np.fromiter(
         map(row_of.get, loose.impression_ids, repeat(-1)),
         dtype=np.int64,
@@ -320,69 +284,68 @@ class FinaliseConfig:
 
 
 def finalise(
-    requests: list[OpenRequest],
+    due: Due,
     loose: LooseJoin | None,
     config: FinaliseConfig,
     partition: int | None = None,
     history: History | None = None,
     *,
-    names: Sequence[str] | None = None,
+    names: Sequence[str],
     name_hashes: U64 | None = None,
 ) -> Finalised:
     """Score due requests; the caller adds the rows to the window buckets atomically.
 
-    ``loose``: the due requests' users with request-less interactions (None: none);
-    ``history``: their cold-start histories (None: none).
+    ``due``: the requests and the interactions naming them, lists as codes of
+    ``names`` (of stable hashes ``name_hashes``); ``loose``: the due requests' users
+    with request-less interactions (None: none); ``history``: their cold-start
+    histories (None: none).
 
     ``partition``: the requests belong to that partition's shard (the partition-owned
-    engine); None: users are spread over shards by hash (the shared-state pipeline).
-    ``names``: the items (of requests and interactions) are codes of these strings, of
-    stable hashes ``name_hashes``."""
-    rules, layout = config.rules, config.layout
+    engine); None: users are spread over shards by hash (the shared-state pipeline)."""
+    rules, layout, ks = config.rules, config.layout, config.scoring.ks
     outcomes: Counter[str] = Counter()
-    impression_ms = np.fromiter(
-        (r.timestamp_ms for r in requests), dtype=np.int64, count=len(requests)
-    )
-    parts = [_named(requests, impression_ms, rules, outcomes)]
+    n = len(due)
+    parts = [_named(due, rules, outcomes)]
     taken = np.zeros(0, np.int64)
     if loose is not None:
-        loose_part, taken = _loose(requests, loose, rules, outcomes)
+        loose_part, taken = _loose(due.request_id, loose, rules, outcomes)
         parts.append(loose_part)
     attributed = Attributed.join(parts)
-    scores = score_sparse(len(requests), *attributed, config.scoring)
-    user_ids = [r.user_id for r in requests]
+    scores = score_sparse(n, *attributed, config.scoring)
     cap = config.min_relevant_history
-    cohort = cohorts(user_ids, impression_ms, history or History(), cap) - 1
-    deadlines = impression_ms + config.deadline(0)  # a constant delay after each impression
-    codes = encode_top([r.attributes for r in requests], max(config.scoring.ks))
-    diversity = np.column_stack(
-        [intra_list_diversity(codes[:, :k]) for k in config.scoring.ks]
-    ).reshape(len(requests), len(config.scoring.ks))
-    overlap = np.array(
-        [rbo(r.items, r.shadow, config.rbo_p) if r.shadow else np.nan for r in requests]
-    )
+    cohort = cohorts(due.user_id, due.ms, history or History(), cap) - 1
+    deadlines = due.ms + config.deadline(0)  # a constant delay after each impression
+    codes = due.attributes.top(max(ks))
+    diversity = np.column_stack([intra_list_diversity(codes[:, :k]) for k in ks])
     done = Finalised(
-        requests,
-        contribution_rows(scores, diversity, overlap, layout.schema),
+        due,
+        contribution_rows(
+            scores, diversity.reshape(n, len(ks)), _overlap(due, config.rbo_p), layout.schema
+        ),
         cohort,
-        user_buckets(user_ids, layout)
+        user_buckets(due.user_id, layout)
         if partition is None
-        else partition_user_buckets(user_ids, layout, partition),
+        else partition_user_buckets(due.user_id, layout, partition),
         deadlines,
         outcomes,
+        names,
+        name_hashes,
         propensity_positions=config.propensity_positions,
         loose_taken=taken,
-        names=names,
-        name_hashes=name_hashes,
     )
     if config.propensity_positions:
-        done.observations = observations(
-            [r.context for r in requests],
-            done.shown(),
-            [r.randomization for r in requests],
-            attributed,
-        )
+        done.observations = observations(due.context, done.shown(), due.randomization, attributed)
     return done
+
+
+def _overlap(due: Due, p: float) -> FloatArray:
+    """Rank-biased overlap of each list with its shadow ranking (NaN: none)."""
+    out = np.full(len(due), np.nan)
+    has = np.flatnonzero(due.shadow.lengths() > 0)
+    if has.size:
+        pairs = zip(due.items.rows(has), due.shadow.rows(has), strict=True)
+        out[has] = [rbo(items, shadow, p) for items, shadow in pairs]
+    return out
 
 
 def observations(

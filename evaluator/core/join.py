@@ -113,12 +113,27 @@ def join_by_request_batch(
         dtype=np.int64,
         count=len(item_ids),
     )
-    row_arr = np.asarray(rows, dtype=np.int64)
+    return request_outcomes(
+        positions, np.asarray(rows, dtype=np.int64), interaction_ms, impression_ms, rules
+    )
+
+
+def request_outcomes(
+    positions: npt.NDArray[np.int64],
+    rows: npt.NDArray[np.int64],
+    interaction_ms: npt.NDArray[np.int64],
+    impression_ms: npt.NDArray[np.int64],
+    rules: JoinRules,
+) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.int64]]:
+    """The outcome codes of interactions naming requests (:func:`join_by_request_batch`)
+    from each one's request row (-1: unknown) and its item's position in that request's
+    list (-1: not in it); also the positions, -1 unless attributed."""
+    positions = np.where(rows >= 0, positions, -2)
     if len(impression_ms):
-        shown = np.where(row_arr >= 0, impression_ms[np.maximum(row_arr, 0)], 0)
+        shown = np.where(rows >= 0, impression_ms[np.maximum(rows, 0)], 0)
     else:  # no impression at all: every interaction names an unknown request
-        shown = np.zeros(len(row_arr), dtype=np.int64)
-    codes = np.zeros(len(item_ids), dtype=np.int8)
+        shown = np.zeros(len(rows), dtype=np.int64)
+    codes = np.zeros(len(rows), dtype=np.int8)
     codes[~in_window_mask(interaction_ms, shown, rules)] = 3
     codes[positions == -1] = 2
     codes[positions == -2] = 1

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from itertools import chain, pairwise
+from itertools import chain
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from evaluator.core.finalise import OpenRequest
+from evaluator.core.due import Due, OpenRequest, Ragged
 from evaluator.engine.codebook import NONE, Codebook
 
 I64 = npt.NDArray[np.int64]
@@ -25,52 +25,6 @@ I32 = npt.NDArray[np.int32]
 Row = Sequence[Any]
 """``(request id, user id, variant, time, items, attributes, shadow variant, shadow,
 context, randomisation [kind, n] or None)``: a changelog request row."""
-
-
-@dataclass(slots=True)
-class Ragged:
-    """Variable-length rows in one flat array: row i is ``flat[off[i]:off[i + 1]]``."""
-
-    flat: npt.NDArray[Any]
-    off: I32
-    """Row bounds (``int32``: a chunk holds far fewer than 2**31 values)."""
-
-    @classmethod
-    def of(cls, flat: npt.NDArray[Any], lengths: Sequence[int] | npt.NDArray[Any]) -> Ragged:
-        off = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=off[1:])
-        return cls(flat, off.astype(np.int32))
-
-    def take(self, rows: I64) -> Ragged:
-        starts = self.off[rows].astype(np.int64)
-        lengths = self.off[rows + 1] - starts
-        off = np.zeros(rows.size + 1, dtype=np.int64)
-        np.cumsum(lengths, out=off[1:])
-        index = np.repeat(starts - off[:-1], lengths) + np.arange(off[-1], dtype=np.int64)
-        return Ragged(self.flat[index], off.astype(np.int32))
-
-    def rows(self, rows: I64) -> list[list[Any]]:
-        """The given rows' values as Python lists."""
-        if not self.flat.size:
-            return [[] for _ in range(rows.size)]
-        part = self.take(rows)
-        values, bounds = part.flat.tolist(), part.off.tolist()
-        return [values[a:b] for a, b in pairwise(bounds)]
-
-    def texts(self, rows: I64) -> list[str]:
-        """The given rows of UTF-8 bytes, decoded."""
-        part = self.take(rows)
-        raw, bounds = part.flat.tobytes(), part.off.tolist()
-        if raw.isascii():  # one decode; a character is a byte
-            text = raw.decode()
-            return [text[a:b] for a, b in pairwise(bounds)]
-        return [raw[a:b].decode() for a, b in pairwise(bounds)]
-
-    @staticmethod
-    def concat(parts: Sequence[Ragged]) -> Ragged:
-        shift = np.cumsum([0] + [int(p.off[-1]) for p in parts[:-1]])
-        off = np.concatenate([[0]] + [p.off[1:] + s for p, s in zip(parts, shift, strict=True)])
-        return Ragged(np.concatenate([p.flat for p in parts]), off.astype(np.int32))
 
 
 def _texts(values: Sequence[str]) -> Ragged:
@@ -260,6 +214,29 @@ class Chunk:
                 )
             )
         return out
+
+    def due(self, rows: I64, strings: list[str]) -> Due:
+        """The given rows as columns for finalisation (lists stay codes)."""
+        labels = self.labels[rows]
+        variant, context, shadow_of, kind = (labels[:, j].tolist() for j in range(4))
+        decode = strings.__getitem__
+        return Due(
+            self.ids.texts(rows),
+            self.users.texts(rows),
+            list(map(decode, variant)),
+            self.ts[rows],
+            self.items.take(rows),
+            self.attributes.take(rows),
+            list(map(decode, shadow_of)),
+            self.shadow.take(rows),
+            list(map(decode, context)),
+            [
+                (strings[k], n) if k != NONE else None
+                for k, n in zip(kind, self.randomized[rows].tolist(), strict=True)
+            ]
+            if (labels[:, 3] != NONE).any()
+            else [None] * rows.size,
+        )
 
     def codes_in_use(self) -> I32:
         live = np.flatnonzero(self.alive)

@@ -25,13 +25,12 @@ the open requests (every code changes, and the changelog is rewritten:
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from itertools import repeat
 from typing import NamedTuple
 
 import numpy as np
 
-from evaluator.core.finalise import OpenRequest
-from evaluator.engine.chunks import Chunk, Row, hashes_of
+from evaluator.core.due import Due, OpenRequest, time_order
+from evaluator.engine.chunks import I64, Chunk, Row, hashes_of
 from evaluator.engine.codebook import NONE, Codebook
 
 CHUNK_ROWS = 16_384
@@ -41,6 +40,8 @@ RECODE_AT = 1 << 19
 (when it holds four times as many as are in use): a churning catalog stays bounded."""
 
 Location = tuple[Chunk, int]
+Places = list[tuple[Chunk, I64]]
+"""Rows of chunks (where :meth:`OpenTable.due` found the requests it returned)."""
 
 
 class Shown(NamedTuple):
@@ -60,8 +61,6 @@ class OpenTable:
         self.chunks: list[Chunk] = []
         self._live = 0
         self._recode_at = RECODE_AT
-        self._due_at: dict[str, Location] = {}
-        """Where :meth:`due` found each request it returned (until the next write)."""
         self.recoded = False
         """Set when the codebook was rebuilt (codes changed): the changelog's segments
         must be rewritten (the state clears it)."""
@@ -81,7 +80,6 @@ class OpenTable:
         """Open the live rows of a chunk (coded with :attr:`book`, none open already)."""
         if not chunk.live:
             return
-        self._due_at.clear()
         chunks = self.chunks
         chunks.append(chunk)
         self._live += chunk.live
@@ -96,15 +94,7 @@ class OpenTable:
     def remove(self, rids: Sequence[str]) -> None:
         """Close open requests (ids not open are ignored)."""
         touched: dict[int, Chunk] = {}
-        at = self._due_at  # where :meth:`due` found them (the chunks did not change since)
-        known = [at.get(rid) for rid in rids]
-        if None in known:
-            located = iter(
-                self._locate([rid for rid, f in zip(rids, known, strict=True) if f is None])
-            )
-            known = [f if f is not None else next(located) for f in known]
-        at.clear()
-        for found in known:
+        for found in self._locate(rids):
             if found is None:
                 continue
             chunk, row = found
@@ -113,6 +103,10 @@ class OpenTable:
                 chunk.live -= 1
                 self._live -= 1
                 touched[id(chunk)] = chunk
+        self._compact(touched)
+
+    def _compact(self, touched: dict[int, Chunk]) -> None:
+        """Drop the touched chunks with no live row, rewrite those mostly dead."""
         if not touched:
             return
         kept = []
@@ -187,22 +181,32 @@ class OpenTable:
         chunk, row = found
         return chunk.requests(np.array([row], dtype=np.int64), self.book.strings)[0]
 
-    def due(self, through_ms: int, coded: bool = False) -> list[OpenRequest]:
-        """The open requests of impression time at or before ``through_ms``, in order of
-        (time, request id): the order their deadlines fall in (``coded``: see
-        :meth:`Chunk.requests`)."""
-        out: list[OpenRequest] = []
-        at = self._due_at
-        at.clear()
+    def due(self, through_ms: int) -> tuple[Due, Places]:
+        """The open requests of impression time at or before ``through_ms``, as columns
+        in order of (time, request id): the order their deadlines fall in. Also where
+        they are, for :meth:`close` (valid until the next write)."""
+        places: Places = []
+        parts: list[Due] = []
         for chunk in self.chunks:
             rows = np.flatnonzero(chunk.alive & (chunk.ts <= through_ms))
             if rows.size:
-                found = chunk.requests(rows, self.book.strings, coded)
-                places = zip(repeat(chunk), rows.tolist())
-                at.update(zip([r.request_id for r in found], places, strict=False))
-                out += found
-        out.sort(key=lambda r: (r.timestamp_ms, r.request_id))
-        return out
+                places.append((chunk, rows))
+                parts.append(chunk.due(rows, self.book.strings))
+        due = Due.concat(parts)
+        order = time_order(due.ms, due.request_id)
+        return (due if order is None else due.take(order)), places
+
+    def close(self, places: Places) -> None:
+        """Close the requests :meth:`due` found (their chunks did not change since)."""
+        touched: dict[int, Chunk] = {}
+        for chunk, rows in places:
+            alive = rows[chunk.alive[rows]]
+            if alive.size:
+                chunk.alive[alive] = False
+                chunk.live -= int(alive.size)
+                self._live -= int(alive.size)
+                touched[id(chunk)] = chunk
+        self._compact(touched)
 
     def count_due(self, through_ms: int) -> int:
         return sum(int((c.alive & (c.ts <= through_ms)).sum()) for c in self.chunks)

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -39,14 +38,7 @@ def block_increments(
 ) -> tuple[list[tuple[str, int, int, int]], bytes]:
     """The blocks the given requests add to (name, bucket start, ttl s, window ms), and
     the per-block sums of their rows as little-endian doubles, one block after another."""
-    requests = finalised.requests
-    codes: dict[str, int] = {}
-    variant = np.fromiter(
-        (codes.setdefault(requests[i].variant, len(codes)) for i in rows.tolist()),
-        dtype=np.int64,
-        count=len(rows),
-    )
-    names = list(codes)
+    names, variant = _codes([finalised.due.variant[i] for i in rows.tolist()])
     local = finalised.user_bucket[rows] // layout.shards
     cohort = finalised.cohort[rows]
     values = finalised.rows[rows]
@@ -70,7 +62,7 @@ def experiment_increments(finalised: Finalised, layout: AggregateLayout) -> dict
     out: dict[str, FloatArray] = {}
     if not finalised.experiment_rows:
         return out
-    variants = np.asarray([r.variant for r in finalised.requests], dtype=object)
+    variants = np.asarray(finalised.due.variant, dtype=object)
     local = finalised.user_bucket // layout.shards
     for name, rows in finalised.experiment_rows.items():
         for variant in np.unique(variants[rows]).tolist():
@@ -118,20 +110,15 @@ def coverage_updates(
     and merges it into the stored sketch once: no merges between stored sketches,
     each of which costs Redis a pass over all 16,384 registers. Computed over arrays
     (no per-item Python work), over each shown item's stable hash."""
-    requests = finalised.requests
-    lists = [r.items for r in requests]
-    lengths = np.fromiter(map(len, lists), dtype=np.intp, count=len(lists))
-    hashes = finalised.item_hashes(list(chain.from_iterable(lists)))
-    row = np.repeat(np.arange(len(lists)), lengths)
-    rank = np.arange(hashes.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    items = finalised.due.items
+    lengths = items.lengths()
+    hashes = finalised.item_hashes(items.flat)
+    row = items.row_of()
+    rank = np.arange(hashes.size) - np.repeat(items.off[:-1].astype(np.int64), lengths)
     ks = sorted(layout.ks)
     # cut-off level of each shown item: ranks (ks[j-1], ks[j]] go to the top-ks[j] sketch
     level = np.searchsorted(np.asarray(ks), rank, side="right")
-    names: dict[str, int] = {}
-    variant = np.fromiter(
-        (names.setdefault(r.variant, len(names)) for r in requests), np.int64, len(requests)
-    )
-    variants = list(names)
+    variants, variant = _codes(finalised.due.variant)
     out = CoverageUpdate(hashes, {})
     longest, widest = max(layout.windows_ms), max(ks)
     tops: dict[int, list[str]] = {}  # longest-window bucket -> its top max(K) sketches
@@ -170,6 +157,13 @@ def coverage_updates(
             out.sketches[longer][1].append(name)
     _catalogue(out, layout, key, tops, deadlines=finalised.deadline_ms, row=row, level=level)
     return out
+
+
+def _codes(values: list[str]) -> tuple[list[str], I64]:
+    """The distinct values in first-seen order, and each value's index among them."""
+    codes: dict[str, int] = {}
+    coded = [codes.setdefault(v, len(codes)) for v in values]
+    return list(codes), np.array(coded, dtype=np.int64)
 
 
 def _groups(

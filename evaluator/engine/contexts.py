@@ -7,25 +7,24 @@ from __future__ import annotations
 
 import numpy as np
 
+from evaluator.core.due import PendingInteraction
 from evaluator.core.finalise import (
     History,
     LooseInteractions,
     LooseJoin,
-    OpenRequest,
-    PendingInteraction,
 )
 from evaluator.core.join import UserImpressions, user_order
 from evaluator.engine.state import PartitionState
 
 
 def due_contexts(
-    state: PartitionState, due: list[OpenRequest]
+    state: PartitionState, user_ids: list[str]
 ) -> tuple[LooseJoin | None, History, list[tuple[str, PendingInteraction]]]:
     """The due requests' users as finalisation sees them: for those with loose
     interactions, their open impressions and those interactions (columns for the
     user-based join, and each interaction's user id); for all, their cold-start
     histories."""
-    codes = {uid: code for code, uid in enumerate(dict.fromkeys([r.user_id for r in due]))}
+    codes = {uid: code for code, uid in enumerate(dict.fromkeys(user_ids))}
     history_user: list[int] = []
     history_ms: list[int] = []
     loose: list[PendingInteraction] = []

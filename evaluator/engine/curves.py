@@ -9,7 +9,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from evaluator.core.finalise import FinaliseConfig, OpenRequest
+from evaluator.core.due import Due
+from evaluator.core.finalise import FinaliseConfig
 from evaluator.core.propensity.estimation import estimate
 from evaluator.engine.plan import Estimating, with_curve
 from evaluator.engine.ports import StateStore
@@ -38,19 +39,23 @@ class BucketCurves:
         self._fit: tuple[float, int, tuple[float, ...] | None] | None = None
         """(monotonic time, requests finalised, curve) of the last fit."""
 
-    def group(self, requests: list[OpenRequest]) -> list[tuple[FinaliseConfig, list[OpenRequest]]]:
+    def group(self, due: Due) -> list[tuple[FinaliseConfig, Due]]:
         """With a fixed model, one group; with ``estimated``, one per bucket (of the
-        shortest window) that the requests' deadlines fall in."""
-        if self.estimating is None or not requests:
-            return [(self.config, requests)]
+        shortest window) that the requests' deadlines fall in (in order of first
+        appearance, each group's requests in their order)."""
+        if self.estimating is None or not len(due):
+            return [(self.config, due)]
         layout = self.config.layout
         window = min(layout.windows_ms)
-        deadlines = np.array([self.config.deadline(r.timestamp_ms) for r in requests])
-        starts = layout.bucket_start(window, deadlines).tolist()
-        groups: dict[int, list[OpenRequest]] = {}
-        for start, request in zip(starts, requests, strict=True):
-            groups.setdefault(start, []).append(request)
-        return [(self._bucket(start), group) for start, group in groups.items()]
+        starts = layout.bucket_start(window, due.ms + self.config.deadline(0))
+        values, first, of_row = np.unique(starts, return_index=True, return_inverse=True)
+        if values.size == 1:
+            return [(self._bucket(int(values[0])), due)]
+        groups = []
+        for g in np.argsort(first).tolist():
+            rows = np.flatnonzero(of_row.reshape(-1) == g)
+            groups.append((self._bucket(int(values[g])), due.take(rows)))
+        return groups
 
     def _estimate(self) -> tuple[float, ...] | None:
         """The estimator's current curve: re-fitted when none exists yet, every

@@ -20,13 +20,12 @@ from typing import Any
 
 import numpy as np
 
+from evaluator.core.due import Due, Named, PendingInteraction
 from evaluator.core.events import ImpressionBatch, InteractionBatch
 from evaluator.core.experiments import SEP, Experiment, experiment_rows
 from evaluator.core.finalise import (
     FinaliseConfig,
     Finalised,
-    OpenRequest,
-    PendingInteraction,
     finalise,
 )
 from evaluator.engine.contexts import due_contexts
@@ -38,7 +37,7 @@ from evaluator.engine.state import Changes, PartitionState
 HOLD_MS = -(2**61)
 """A limit at or below this holds the watermark where it is (None stays None)."""
 
-Configure = Callable[[list[OpenRequest]], list[tuple[FinaliseConfig, list[OpenRequest]]]]
+Configure = Callable[[Due], list[tuple[FinaliseConfig, Due]]]
 """Groups due requests by the finalisation config they use (one curve per bucket)."""
 
 
@@ -299,17 +298,16 @@ class PartitionEngine:
             return []
         state = self.state
         table = state.requests
-        # items as codes: the join and the scores compare them, coverage decodes them
-        due = table.due(watermark - self.config.finalise.deadline(0), coded=True)
+        due, places = table.due(watermark - self.config.finalise.deadline(0))
         out: list[Finalised] = []
-        if due:
-            joined, history, loose_of = due_contexts(state, due)
+        if len(due):
+            due.named = self._named(due.request_id)
+            joined, history, loose_of = due_contexts(state, due.user_id)
             groups = configure(due) if configure else [(self.config.finalise, due)]
+            book = table.book
             for config, group in groups:
-                loaded = self._with_named(group)
-                book = table.book
                 done = finalise(
-                    loaded,
+                    group,
                     joined,
                     config,
                     self.partition,
@@ -318,11 +316,15 @@ class PartitionEngine:
                     name_hashes=book.hashes(),
                 )
                 self.counts.outcomes.update(done.outcomes)
-                done.experiment_rows = experiment_rows(self.config.experiments, done.requests)
+                done.experiment_rows = experiment_rows(
+                    self.config.experiments, group.variant, group.ms
+                )
                 out.append(done)
+            state.finish(
+                due.request_id, (due.ms + self.config.finalise.deadline(0)).tolist(), places
+            )
+            self.counts.finalised += len(due)
             for done in out:
-                state.finish(done.requests, done.deadline_ms.tolist())
-                self.counts.finalised += len(done.requests)
                 for i in done.loose_taken.tolist():
                     state.take_loose(*loose_of[i])
         state.finalised_through(watermark)
@@ -360,24 +362,28 @@ class PartitionEngine:
         times = [c.max_event_ms for c in self.inputs.values() if c.max_event_ms is not None]
         return max(times) if times else (self.watermark_ms or 0)
 
-    def _with_named(self, requests: list[OpenRequest]) -> list[OpenRequest]:
-        """The requests with the interactions that named them, items as codes (they are
-        being closed: their records are not copied, and the interactions are not part
-        of their changelog value)."""
+    def _named(self, rids: list[str]) -> Named:
+        """The interactions naming the requests, as columns (row: the request's index in
+        ``rids``; items as codes). They are being closed: the interactions are not part
+        of their changelog value."""
         named = self.state.named
-        waiting = [named.get(r.request_id) for r in requests]
-        pending = [it for w in waiting if w for it in w.values()]
-        codes = iter(self.state.requests.book.find([it.item_id for it in pending]).tolist())  # type: ignore[misc]
-        for request, its in zip(requests, waiting, strict=True):
-            request.interactions = (
-                [
-                    PendingInteraction(it.event_id, next(codes), it.timestamp_ms, it.grade)
-                    for it in its.values()
-                ]
-                if its
-                else []
-            )
-        return requests
+        rows: list[int] = []
+        pending: list[PendingInteraction] = []
+        for row, rid in enumerate(rids):
+            its = named.get(rid)
+            if its:
+                rows += [row] * len(its)
+                pending += its.values()
+        if not pending:
+            return Named.none()
+        codes = self.state.requests.book.find([it.item_id for it in pending])  # type: ignore[misc]
+        return Named(
+            np.array(rows, dtype=np.int64),
+            [it.event_id for it in pending],
+            codes.astype(np.int64),
+            np.fromiter((it.timestamp_ms for it in pending), dtype=np.int64, count=len(pending)),
+            np.fromiter((it.grade for it in pending), dtype=np.float64, count=len(pending)),
+        )
 
     def _sweep_history(self, watermark: int) -> None:
         """Expire cold-start histories past their TTL, once per TTL/10 of event time."""

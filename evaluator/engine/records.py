@@ -9,8 +9,8 @@ from typing import Any
 
 import msgspec
 
+from evaluator.core.due import OpenRequest, PendingInteraction
 from evaluator.core.events import Impression
-from evaluator.core.finalise import OpenRequest, PendingInteraction
 
 encode = msgspec.msgpack.Encoder().encode
 decode = msgspec.msgpack.Decoder().decode

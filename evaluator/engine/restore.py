@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from evaluator.core.finalise import PendingInteraction
+from evaluator.core.due import PendingInteraction
 from evaluator.engine.codebook import Codebook
 from evaluator.engine.columns import OpenTable
 from evaluator.engine.records import decode

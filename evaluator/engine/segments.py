@@ -15,7 +15,8 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from evaluator.engine.chunks import RAGGED, Chunk, Index, Ragged, hashes_of
+from evaluator.core.due import Ragged
+from evaluator.engine.chunks import RAGGED, Chunk, Index, hashes_of
 
 SEGMENT_FORMAT = 2
 """The version of :func:`encode_segment`'s layout (its first element): 2 stores the

@@ -38,10 +38,10 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from evaluator.core.finalise import OpenRequest, PendingInteraction
+from evaluator.core.due import PendingInteraction
 from evaluator.engine import request_log
 from evaluator.engine.chunks import Chunk, Row
-from evaluator.engine.columns import OpenTable
+from evaluator.engine.columns import OpenTable, Places
 from evaluator.engine.exposures import Exposures
 from evaluator.engine.markers import Markers
 from evaluator.engine.records import UserState, encode
@@ -217,14 +217,19 @@ class PartitionState:
         heapq.heappush(self.expiry, (timestamp_ms, 1, event_id))
         self.create("x:" + event_id, _encode(timestamp_ms))
 
-    def finish(self, requests: list[OpenRequest], deadlines_ms: list[int]) -> None:
+    def finish(
+        self, rids: list[str], deadlines_ms: list[int], places: Places | None = None
+    ) -> None:
         """Close finalised requests: remove each with the interactions that named it,
-        and mark it final (its deadline, and the ids of those interactions)."""
+        and mark it final (its deadline, and the ids of those interactions).
+        ``places``: where :meth:`OpenTable.due` found them (None: looked up)."""
         fresh, changes = self.fresh, self.changes
         named, named_rid = self.named, self.named_rid
         legacy, unwritten, fielded = self.legacy, self.waiting, self.fielded
-        rids = [r.request_id for r in requests]
-        self.requests.remove(rids)
+        if places is None:
+            self.requests.remove(rids)
+        else:
+            self.requests.close(places)
         applied: list[tuple[str, str, int]] = []
         for rid, deadline in zip(rids, deadlines_ms, strict=True):
             if rid in fresh:

@@ -75,12 +75,12 @@ def checkpoint_args(delta: Delta, layout: AggregateLayout) -> CheckpointArgs:
     propensity: list[Any] = []
     variants: set[str] = set()
     for done in delta.finalised:
-        rows = np.arange(len(done.requests))
+        rows = np.arange(len(done))
         found, incs = block_increments(done, rows, layout)
         blocks += found
         increments.append(incs)
         propensity += propensity_increments(done, rows)
-        variants.update(r.variant for r in done.requests)
+        variants.update(done.due.variant)
     lengths, names, values = _framed(delta.changes)
     deleted = [k for k, v in delta.changes.items() if v is None]
     meta = _meta(delta)
