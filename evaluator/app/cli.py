@@ -137,11 +137,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
     log = logging.getLogger("evaluator")
     for line in settings.ab.deprecated():
         log.warning("%s", line)
-    if os.environ.get("PYTHONHASHSEED", "random") != "random":
-        log.warning(
-            "PYTHONHASHSEED is set: string hashes are predictable, so item ids could be "
-            "chosen to share a codebook entry; unset it in production"
-        )
     port_free(settings.http.host, settings.http.port)
     stop = threading.Event()
     install_signal_handlers(stop)

@@ -65,8 +65,13 @@ def may_hold_reserved(raw: Sequence[bytes]) -> bool:
     return b"\\u001" in b"\n".join(raw)
 
 
-def _impression_texts(event: Impression) -> list[str]:
-    texts = [event.user_id, event.variant, event.context or "", *event.items]
+def _impression_texts(event: Impression, items: Sequence[str] | None = None) -> list[str]:
+    texts = [
+        event.user_id,
+        event.variant,
+        event.context or "",
+        *(event.items if items is None else items),
+    ]
     for values in (event.item_attributes or {}).values():
         texts += values
     for name, ranking in (event.shadow or {}).items():
@@ -80,35 +85,44 @@ def check_impression(
     """Semantic checks that the schema cannot express; ``None`` when valid.
 
     ``reserved=False`` skips the reserved-character check (see :func:`may_hold_reserved`)."""
+    items = event.items
+    texts = _impression_texts(event) if reserved else None
+    return _check_listed(event, len(items), len(set(items)) != len(items), max_list_length, texts)
+
+
+def _check_listed(
+    event: Impression, n_items: int, repeats: bool, max_list_length: int, texts: list[str] | None
+) -> tuple[InvalidReason, str] | None:
+    """:func:`check_impression` of an impression of ``n_items`` items, ``repeats`` telling
+    whether one appears twice, ``texts`` its strings (None: no reserved-character check)."""
     if isinstance(event.timestamp, datetime) and to_ms(event.timestamp) < 0:
         return InvalidReason.INVALID_FIELD, "timestamp is before 1970"
-    items = event.items
-    if not items:
+    if not n_items:
         return InvalidReason.EMPTY_LIST, "items is empty"
-    if len(items) > max_list_length:
+    if n_items > max_list_length:
         return (
             InvalidReason.LIST_TOO_LONG,
-            f"{len(items)} items > max_list_length {max_list_length}",
+            f"{n_items} items > max_list_length {max_list_length}",
         )
-    if len(set(items)) != len(items):
+    if repeats:
         return InvalidReason.DUPLICATE_ITEM, "an item appears twice in items"
     rnd = event.randomization
     if rnd is not None:
         span = rnd.k if rnd.type == "swap" else rnd.n
-        if not 2 <= span <= len(items):
+        if not 2 <= span <= n_items:
             field_name = "k" if rnd.type == "swap" else "n"
             return (
                 InvalidReason.INVALID_FIELD,
-                f"randomization.{field_name} = {span} is not in 2..{len(items)}",
+                f"randomization.{field_name} = {span} is not in 2..{n_items}",
             )
     if event.item_attributes:
         for name, values in event.item_attributes.items():
-            if len(values) != len(items):
+            if len(values) != n_items:
                 return (
                     InvalidReason.INVALID_FIELD,
-                    f"item_attributes.{name} has {len(values)} values for {len(items)} items",
+                    f"item_attributes.{name} has {len(values)} values for {n_items} items",
                 )
-    if reserved and _reserved(*_impression_texts(event)):
+    if texts is not None and _reserved(*texts):
         return InvalidReason.INVALID_FIELD, "a string holds U+001E or U+001F (reserved)"
     return None
 

@@ -4,6 +4,7 @@ invalid, and the decoded batches (decoding itself: :mod:`evaluator.core.decode`)
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Annotated, Literal
@@ -11,6 +12,8 @@ from typing import Annotated, Literal
 import msgspec
 import numpy as np
 import numpy.typing as npt
+
+from evaluator.core.tokens import Spans
 
 MAX_TIMESTAMP_MS = 253_402_300_799_999
 """9999-12-31T23:59:59.999Z: event times lie in [1970, 9999] (as epoch ms they fit int64
@@ -64,6 +67,13 @@ class Impression(msgspec.Struct, frozen=True, gc=False):
     """Comparable-request key (query, page or user segment): the propensity estimators
     assume an item shown in the same context has the same relevance at every position."""
     randomization: Randomization | None = None
+
+
+class ImpressionHead(Impression, frozen=True, gc=False):
+    """An impression whose items are left as their JSON text (the live engine locates
+    and hashes the items of a whole poll at once: :mod:`evaluator.core.tokens`)."""
+
+    items: msgspec.Raw  # type: ignore[assignment]
 
 
 class Interaction(msgspec.Struct, frozen=True, gc=False):
@@ -134,6 +144,19 @@ class ImpressionBatch:
 
     events: list[Impression] = field(default_factory=list)
     timestamp_ms: list[int] = field(default_factory=list)
+    items: Spans | None = None
+    """The events' items as hashed spans, one owner per event (their ``items`` are then
+    raw JSON); None: the events hold their items."""
+
+    def take(self, keep: Sequence[int]) -> ImpressionBatch:
+        """The given events (indexes, in order)."""
+        if len(keep) == len(self.events):
+            return self
+        return ImpressionBatch(
+            [self.events[j] for j in keep],
+            [self.timestamp_ms[j] for j in keep],
+            None if self.items is None else self.items.take(np.asarray(keep, dtype=np.int64)),
+        )
 
 
 @dataclass(slots=True)

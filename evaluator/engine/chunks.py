@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from evaluator.core.due import Due, OpenRequest, Ragged
+from evaluator.core.tokens import Spans
 from evaluator.engine.codebook import NONE, Codebook
 
 I64 = npt.NDArray[np.int64]
@@ -105,11 +106,15 @@ class Chunk:
         return sum(a.nbytes for a in arrays)
 
     @classmethod
-    def of(cls, rows: Sequence[Row], book: Codebook) -> Chunk:
+    def of(cls, rows: Sequence[Row], book: Codebook, items: Ragged | None = None) -> Chunk:
+        """The rows as a chunk coded with ``book``; ``items``: their items' codes
+        already (the rows' item fields are then not read)."""
         n = len(rows)
         rids = [r[0] for r in rows]
         uids = [r[1] for r in rows]
-        items, attributes, shadow = (_codes([r[k] for r in rows], book) for k in (4, 5, 7))
+        if items is None:
+            items = _codes([r[4] for r in rows], book)
+        attributes, shadow = (_codes([r[k] for r in rows], book) for k in (5, 7))
         labels = np.full((n, 4), NONE, dtype=np.int32)
         for column, k in enumerate((2, 8, 6)):  # variant, context, shadow variant
             labels[:, column] = book.encode([r[k] for r in rows])
@@ -264,6 +269,11 @@ _INDEXED = ("by_id", "by_user")
 def _codes(lists: Sequence[Sequence[str]], book: Codebook) -> Ragged:
     codes = book.encode(list(chain.from_iterable(lists)) if lists else [])
     return Ragged.of(_narrow(codes, len(book)), list(map(len, lists)))
+
+
+def span_codes(spans: Spans, book: Codebook) -> Ragged:
+    """The codes of hashed spans (one row per owner), new strings added to ``book``."""
+    return Ragged(_narrow(book.encode_spans(spans), len(book)), spans.off.astype(np.int32))
 
 
 def _narrow(codes: npt.NDArray[Any], size: int, *, signed: bool = False) -> npt.NDArray[Any]:

@@ -3,18 +3,35 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import os
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 from evaluator.core.sketch import U64, hash_strings
+from evaluator.core.tokens import Spans, hash_spans, string_spans
 
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
 
 NONE = -1
 """The code of an absent string (no randomisation; not in the book)."""
+ITEM_SEED = int.from_bytes(os.urandom(8), "little")
+"""The key of the strings' hashes in this process (:func:`evaluator.core.tokens.hash_spans`):
+the live decoder hashes impressions' items with it, and every codebook looks them up
+by it. Drawn at random: hashes are not predictable from outside."""
+
+
+def _keys(values: Sequence[str]) -> I64:
+    """The hashes of strings; each distinct one hashed once when most repeat (labels:
+    a few variants and contexts over a whole batch)."""
+    distinct = dict.fromkeys(values)
+    if 2 * len(distinct) >= len(values):
+        return hash_spans(string_spans(values), ITEM_SEED)
+    keys = hash_spans(string_spans(list(distinct)), ITEM_SEED)
+    index = {value: n for n, value in enumerate(distinct)}
+    return keys[np.fromiter(map(index.__getitem__, values), dtype=np.int64, count=len(values))]
 
 
 class Codebook:
@@ -22,14 +39,14 @@ class Codebook:
     label of the partition's open requests, each string kept once.
 
     Looked up a batch at a time through an open-addressing table of the strings'
-    Python hashes (64-bit SipHash, keyed per process), probed with numpy: a dict
-    probe per string compares it with the stored key, a memory access that misses
-    the cache on a large catalog (~300 ns a string inside the engine); the table's
-    probes are independent array reads. Two distinct strings of one partition's
-    codebook share a hash with a probability of about 1 in 150 million for 500,000
-    strings (they would then share a code); with hash randomisation switched off
-    (``PYTHONHASHSEED`` set to a number) hashes are predictable, so ``evaluator run``
-    warns about it.
+    64-bit hashes keyed by :data:`ITEM_SEED` (:func:`~evaluator.core.tokens.hash_spans`
+    of their UTF-8 bytes), probed with numpy: a dict probe per string compares it with
+    the stored key, a memory access that misses the cache on a large catalog (~300 ns
+    a string inside the engine); the table's probes are independent array reads, and
+    the live decoder hashes a poll's items without making strings of them
+    (:meth:`encode_spans`). Two distinct strings of one partition's codebook share a
+    hash with a probability of about 1 in 150 million for 500,000 strings (they would
+    then share a code); strings of at most 8 bytes and equal length never do.
     """
 
     __slots__ = ("_hashed", "_hashes", "_keys", "_mask", "_slots", "strings")
@@ -76,21 +93,31 @@ class Codebook:
 
     def find(self, values: Sequence[str]) -> I32:
         """The code of each string, -1 where it has none (nothing is added)."""
-        return self._find(np.fromiter(map(hash, values), dtype=np.int64, count=len(values)))
+        return self._find(_keys(values))
 
     def code(self, value: str) -> int:
         return int(self.encode([value])[0])
 
     def encode(self, values: Sequence[str]) -> I32:
         """The codes of ``values`` (new ones are added, in order of first appearance)."""
-        keys = np.fromiter(map(hash, values), dtype=np.int64, count=len(values))
+        return self._encode(_keys(values), lambda new: [values[i] for i in new.tolist()])
+
+    def encode_spans(self, spans: Spans) -> I32:
+        """The codes of strings as hashed spans (with ``ITEM_SEED``; new ones are added,
+        in order of first appearance): only the new ones become Python strings."""
+        assert spans.key is not None
+        return self._encode(spans.key, spans.texts)
+
+    def _encode(self, keys: I64, texts: Callable[[I64], list[str]]) -> I32:
+        """The codes of the strings of ``keys``; ``texts`` gives the strings at the
+        given indexes (asked for the new ones only)."""
         codes = self._find(keys)
         missing = np.flatnonzero(codes == NONE)
         if missing.size:
             _, first = np.unique(keys[missing], return_index=True)
             new = missing[np.sort(first)]  # each new string once, in order
             start = len(self.strings)
-            self.strings += [values[i] for i in new.tolist()]
+            self.strings += texts(new)
             self._insert(keys[new], np.arange(start, start + new.size, dtype=np.int32))
             codes[missing] = self._find(keys[missing])
         return codes
@@ -123,4 +150,4 @@ class Codebook:
         return len(self.strings)
 
 
-__all__ = ["NONE", "Codebook"]
+__all__ = ["ITEM_SEED", "NONE", "Codebook"]

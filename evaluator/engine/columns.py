@@ -30,7 +30,8 @@ from typing import NamedTuple
 import numpy as np
 
 from evaluator.core.due import Due, OpenRequest, time_order
-from evaluator.engine.chunks import I64, Chunk, Row, hashes_of
+from evaluator.core.tokens import Spans
+from evaluator.engine.chunks import I64, Chunk, Row, hashes_of, span_codes
 from evaluator.engine.codebook import NONE, Codebook
 
 CHUNK_ROWS = 16_384
@@ -67,12 +68,14 @@ class OpenTable:
 
     # --- writes -----------------------------------------------------------------
 
-    def append(self, rows: Sequence[Row]) -> Chunk | None:
+    def append(self, rows: Sequence[Row], items: Spans | None = None) -> Chunk | None:
         """Open the requests of changelog rows (none of them open already); returns
-        their chunk as built (before any merge), None for no rows."""
+        their chunk as built (before any merge), None for no rows. ``items``: the
+        rows' items as hashed spans (their item fields are then not read)."""
         if not rows:
             return None
-        chunk = Chunk.of(rows, self.book)
+        coded = None if items is None else span_codes(items, self.book)
+        chunk = Chunk.of(rows, self.book, coded)
         self.add(chunk)
         return chunk
 

@@ -168,7 +168,9 @@ class PartitionEngine:
             times = [impressions.timestamp_ms[n] for n in kept]
             for experiment in experiments:
                 self._expose(experiment, new, times)
-        state.add_requests(list(fresh.values()), delay)
+        spans = impressions.items
+        items = None if spans is None else spans.take(np.asarray(kept, dtype=np.int64))
+        state.add_requests(list(fresh.values()), delay, items)
 
     def _expose(self, experiment: Experiment, events: list[Any], times: list[int]) -> None:
         """Count the users first exposed to an experiment by new requests, per variant."""

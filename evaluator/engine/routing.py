@@ -13,9 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from evaluator.core.decode import decode_impressions, decode_interactions, latest_accepted_ms
+from evaluator.core.decode_spans import decode_impression_spans
 from evaluator.core.events import ImpressionBatch, InteractionBatch, InvalidEvent, InvalidReason
 from evaluator.core.relevance import RelevanceProfile
 from evaluator.engine.batches import TAGS, PartitionBatch, Rejected
+from evaluator.engine.codebook import ITEM_SEED
 from evaluator.engine.partitioner import PartitionOf
 
 KIND_TAG = {kind: tag for tag, kind in TAGS.items()}
@@ -57,6 +59,9 @@ class Decoder:
     max_list_length: int = 1000
     max_future_ms: int = 60_000
     """Events stamped later than the clock's now + this are invalid (0: no limit)."""
+    item_seed: int | None = ITEM_SEED
+    """Impressions' items are decoded as spans hashed with this key (the codebooks'):
+    no Python string per item; None: as strings."""
 
     def route(
         self, batch: PartitionBatch, first: int, partition: int, now_ms: int | None = None
@@ -81,7 +86,12 @@ class Decoder:
         for kind, items in groups.items():
             raws = [raw for _, raw in items]
             if kind == "impressions":
-                imps, bad = decode_impressions(raws, self.max_list_length, latest_ms=latest)
+                if self.item_seed is None:
+                    imps, bad = decode_impressions(raws, self.max_list_length, latest_ms=latest)
+                else:
+                    imps, bad = decode_impression_spans(
+                        raws, self.item_seed, self.max_list_length, latest_ms=latest
+                    )
                 users = [e.user_id for e in imps.events]
             else:
                 ints, bad = decode_interactions(raws, self.profile, latest_ms=latest)
@@ -151,9 +161,7 @@ def _rejected(
 
 
 def _take_impressions(batch: ImpressionBatch, keep: Sequence[int]) -> ImpressionBatch:
-    if len(keep) == len(batch.events):
-        return batch
-    return ImpressionBatch([batch.events[j] for j in keep], [batch.timestamp_ms[j] for j in keep])
+    return batch.take(keep)
 
 
 def _take_interactions(batch: InteractionBatch, keep: Sequence[int]) -> InteractionBatch:

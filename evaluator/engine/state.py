@@ -39,6 +39,7 @@ import heapq
 from dataclasses import dataclass, field
 
 from evaluator.core.due import PendingInteraction
+from evaluator.core.tokens import Spans
 from evaluator.engine import request_log
 from evaluator.engine.chunks import Chunk, Row
 from evaluator.engine.columns import OpenTable, Places
@@ -138,11 +139,12 @@ class PartitionState:
             found = self.users[user_id] = UserState()
         return found
 
-    def add_requests(self, rows: list[Row], delay_ms: int) -> None:
+    def add_requests(self, rows: list[Row], delay_ms: int, items: Spans | None = None) -> None:
         """Open the requests of changelog rows (none open yet), each final ``delay_ms``
-        after its impression."""
+        after its impression (``items``: their items as hashed spans, see
+        :meth:`OpenTable.append`)."""
         self.delay_ms = delay_ms
-        chunk = self.requests.append(rows)
+        chunk = self.requests.append(rows, items)
         if chunk is not None:
             self.fresh_chunks.append(chunk)
             self.fresh.update(row[0] for row in rows)
