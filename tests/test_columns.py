@@ -64,7 +64,9 @@ def check(table: OpenTable, reference: dict[str, OpenRequest], rng: random.Rando
     names = table.book.strings
     mine = sorted(
         (rid, uid, ms, tuple(names[c] for c in items))
-        for uid, ms, rid, items in zip(*shown, strict=True)
+        for uid, ms, rid, items in zip(
+            shown.user, shown.ms.tolist(), shown.request, shown.items.lists(), strict=True
+        )
     )
     assert mine == sorted(
         (r.request_id, r.user_id, r.timestamp_ms, r.items)

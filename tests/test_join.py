@@ -81,6 +81,7 @@ def test_batch_user_join_equals_one_by_one(seed: int) -> None:
 
     import numpy as np
 
+    from evaluator.core.due import Ragged
     from evaluator.core.join import (
         UserImpressions,
         join_by_user_batch,
@@ -113,3 +114,15 @@ def test_batch_user_join_equals_one_by_one(seed: int) -> None:
     )
     assert codes.tolist() == [0 if c == 0 else 2 for c in want[0].tolist()]
     assert chosen.tolist() == want[1].tolist() and positions.tolist() == want[2].tolist()
+    # items as codes (the live engine's): the same answers, classified or not
+    coded: dict[str, int] = {}
+    ragged = Ragged.of_lists(
+        [[coded.setdefault(i, len(coded)) for i in lists[r]] for r in order.tolist()]
+    )
+    item_codes = np.array([coded.get(i, -1) for i in items], dtype=np.int64)
+    index = UserImpressions(user[order], ms[order], ragged)
+    for classify in (True, False):
+        got = join_by_user_batch(item_codes, times, users, index, rules=RULES, classify=classify)
+        codes = want[0].tolist() if classify else [0 if c == 0 else 2 for c in want[0].tolist()]
+        assert got[0].tolist() == codes
+        assert got[1].tolist() == want[1].tolist() and got[2].tolist() == want[2].tolist()

@@ -182,7 +182,7 @@ def attribute_loose(
     finalised); False counts attributions only (live: an interaction not attributed
     now may still join a later request)."""
     users, items, times, grades = interactions
-    if not items:
+    if not len(items):
         return Attributed.join([]), np.zeros(0, np.int64)
     codes, chosen, positions = join_by_user_batch(
         items, times, users, impressions, rules=rules, classify=classify
@@ -212,7 +212,8 @@ class LooseInteractions(NamedTuple):
     :class:`~evaluator.core.join.UserImpressions` they are joined against)."""
 
     user: I64
-    item: Sequence[ItemKey]
+    item: Sequence[ItemKey] | I64
+    """Item ids, or codes (with impressions' lists as a ``Ragged`` of codes)."""
     ms: I64
     grade: FloatArray
 

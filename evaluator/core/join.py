@@ -24,6 +24,8 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from evaluator.core.due import Ragged
+
 ItemKey = str | int
 """An item id, or its code in a partition's codebook: the join only compares them."""
 
@@ -214,15 +216,17 @@ def user_order(
 
 
 class UserImpressions(NamedTuple):
-    """Impressions sorted by (user code, timestamp, request id); see :func:`user_order`."""
+    """Impressions sorted by (user code, timestamp, request id); see :func:`user_order`.
+    ``lists``: each one's items, or their integer codes as one :class:`Ragged` (then
+    the interactions' items are codes too, -1 for one in no list)."""
 
     user: npt.NDArray[np.int64]
     ms: npt.NDArray[np.int64]
-    lists: Sequence[Sequence[ItemKey]]
+    lists: Sequence[Sequence[ItemKey]] | Ragged
 
 
 def join_by_user_batch(
-    item_ids: Sequence[ItemKey],
+    item_ids: Sequence[ItemKey] | npt.NDArray[np.int64],
     interaction_ms: npt.NDArray[np.int64],
     interaction_user: npt.NDArray[np.int64],
     impressions: UserImpressions,
@@ -255,10 +259,15 @@ def join_by_user_batch(
         )
     key = (impression_user + 1) * span + (impression_ms - t0)
     base = (interaction_user + 1) * span - t0
-    first = np.searchsorted(key, base + interaction_ms - window, side="left").tolist()
-    last = np.searchsorted(key, base + interaction_ms + skew, side="right").tolist()
-    start = np.searchsorted(impression_user, interaction_user, side="left").tolist()
-    stop = np.searchsorted(impression_user, interaction_user, side="right").tolist()
+    bounds = (
+        np.searchsorted(key, base + interaction_ms - window, side="left"),
+        np.searchsorted(key, base + interaction_ms + skew, side="right"),
+        np.searchsorted(impression_user, interaction_user, side="left"),
+        np.searchsorted(impression_user, interaction_user, side="right"),
+    )
+    if isinstance(lists, Ragged):
+        return _join_coded(np.asarray(item_ids, dtype=np.int64), lists, bounds, classify=classify)
+    first, last, start, stop = (b.tolist() for b in bounds)
     codes, chosen, positions = [0] * n, [-1] * n, [-1] * n
     for i, item in enumerate(item_ids):
         for j in range(last[i] - 1, first[i] - 1, -1):
@@ -275,8 +284,47 @@ def join_by_user_batch(
     return _user_join_arrays(codes, chosen, positions)
 
 
+def _join_coded(
+    items: npt.NDArray[np.int64],
+    lists: Ragged,
+    bounds: tuple[npt.NDArray[np.int64], ...],
+    *,
+    classify: bool,
+) -> UserJoin:
+    """:func:`join_by_user_batch` over item codes, in arrays: every (interaction,
+    candidate impression) pair at once, the latest impression holding the item chosen.
+    ``bounds``: each interaction's candidates ``[first, last)`` and its user's
+    impressions ``[start, stop)``."""
+    n = items.size
+    first, last, start, stop = bounds
+    pair, at = _pairs(first, last)
+    position = lists.positions(at, items[pair])
+    hits = np.flatnonzero(position >= 0)[::-1]  # latest candidate first
+    taken, latest = np.unique(pair[hits], return_index=True)
+    chosen, positions = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
+    chosen[taken], positions[taken] = at[hits[latest]], position[hits[latest]]
+    codes = np.where(chosen >= 0, 0, 2).astype(np.int8)
+    if classify:
+        codes[(chosen < 0) & (start == stop)] = 1
+        pair, at = _pairs(start, stop)
+        shown = np.zeros(n, dtype=np.bool_)
+        shown[pair[lists.positions(at, items[pair]) >= 0]] = True
+        codes[(chosen < 0) & shown] = 3
+    return codes, chosen, positions
+
+
+def _pairs(
+    lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Every (i, j) with ``lo[i] <= j < hi[i]``, in order of i then j."""
+    counts = np.maximum(hi - lo, 0)
+    pair = np.repeat(np.arange(lo.size), counts)
+    start = np.cumsum(counts) - counts
+    return pair, np.repeat(lo - start, counts) + np.arange(int(counts.sum()))
+
+
 def join_by_user_each(
-    item_ids: Sequence[ItemKey],
+    item_ids: Sequence[ItemKey] | npt.NDArray[np.int64],
     interaction_ms: npt.NDArray[np.int64],
     interaction_user: npt.NDArray[np.int64],
     impressions: UserImpressions,
@@ -286,6 +334,10 @@ def join_by_user_each(
     """The same as :func:`join_by_user_batch`, one :func:`join_by_user` call each
     (the fallback for keys too wide to combine, and a reference in tests)."""
     impression_user, impression_ms, lists = impressions
+    if isinstance(lists, Ragged):
+        lists = lists.lists()
+    if isinstance(item_ids, np.ndarray):
+        item_ids = item_ids.tolist()
     code_of = {outcome: code for code, outcome in enumerate(OUTCOME_CODES)}
     codes, chosen, positions = [], [], []
     for item, t, u in zip(

@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from evaluator.core.due import Due, OpenRequest, time_order
+from evaluator.core.due import Due, OpenRequest, Ragged, time_order
 from evaluator.core.tokens import Spans
 from evaluator.engine.chunks import I64, Chunk, Row, hashes_of, span_codes
 from evaluator.engine.codebook import NONE, Codebook
@@ -49,9 +49,9 @@ class Shown(NamedTuple):
     """Open requests as columns: user, impression time, request id, item codes."""
 
     user: list[str]
-    ms: list[int]
+    ms: I64
     request: list[str]
-    items: list[list[int]]
+    items: Ragged
 
 
 class OpenTable:
@@ -217,25 +217,29 @@ class OpenTable:
     def of_users(self, uids: Sequence[str]) -> Shown:
         """The open requests of the given users, as columns: user, impression time,
         request id and the codes of the items shown."""
-        out = Shown([], [], [], [])
-        if not uids or not self._live:
-            return out
-        wanted = set(uids)
-        hashes = hashes_of(uids, len(uids))
-        for chunk in self.chunks:
-            rows = np.unique(chunk.by_user.find_all(hashes))
-            rows = rows[chunk.alive[rows]]
-            if not rows.size:
-                continue
-            users = chunk.users.texts(rows)
-            keep = [uid in wanted for uid in users]  # False: a hash collision
-            if not all(keep):
-                rows, users = rows[keep], [u for u, k in zip(users, keep, strict=True) if k]
-            out.user.extend(users)
-            out.ms.extend(chunk.ts[rows].tolist())
-            out.request.extend(chunk.ids.texts(rows))
-            out.items.extend(chunk.items.rows(rows))
-        return out
+        users: list[str] = []
+        requests: list[str] = []
+        times: list[I64] = []
+        items: list[Ragged] = []
+        if uids and self._live:
+            wanted = set(uids)
+            hashes = hashes_of(uids, len(uids))
+            for chunk in self.chunks:
+                rows = np.unique(chunk.by_user.find_all(hashes))
+                rows = rows[chunk.alive[rows]]
+                if not rows.size:
+                    continue
+                found = chunk.users.texts(rows)
+                keep = [uid in wanted for uid in found]  # False: a hash collision
+                if not all(keep):
+                    rows, found = rows[keep], [u for u, k in zip(found, keep, strict=True) if k]
+                users += found
+                requests += chunk.ids.texts(rows)
+                times.append(chunk.ts[rows])
+                items.append(chunk.items.take(rows))
+        if not items:
+            return Shown([], np.zeros(0, np.int64), [], Ragged.of(np.zeros(0, np.int64), []))
+        return Shown(users, np.concatenate(times), requests, Ragged.concat(items))
 
     def all(self) -> list[OpenRequest]:
         out: list[OpenRequest] = []

@@ -41,21 +41,19 @@ def due_contexts(
             loose += waiting
             loose_user += [code] * len(waiting)
             loose_of += [(uid, it) for it in waiting]
-    shown = state.requests.of_users(list(dict.fromkeys(uid for uid, _ in loose_of)))
-    imp_user = [codes[uid] for uid in shown.user]
-    imp_ms, imp_ids = shown.ms, shown.request
     history = History(
         codes, np.array(history_user, dtype=np.int64), np.array(history_ms, dtype=np.int64)
     )
     if not loose:
         return None, history, loose_of
-    users, times = np.array(imp_user, dtype=np.int64), np.array(imp_ms, dtype=np.int64)
-    order = user_order(users, times, imp_ids).tolist()
-    ids = [imp_ids[i] for i in order]
-    impressions = UserImpressions(users[order], times[order], [shown.items[i] for i in order])
+    shown = state.requests.of_users(list(dict.fromkeys(uid for uid, _ in loose_of)))
+    users = np.fromiter(map(codes.__getitem__, shown.user), dtype=np.int64, count=len(shown.user))
+    order = user_order(users, shown.ms, shown.request)
+    ids = [shown.request[i] for i in order.tolist()]
+    impressions = UserImpressions(users[order], shown.ms[order], shown.items.take(order))
     interactions = LooseInteractions(
         np.array(loose_user, dtype=np.int64),
-        state.requests.book.find([it.item_id for it in loose]).tolist(),  # type: ignore[misc]
+        state.requests.book.find([str(it.item_id) for it in loose]).astype(np.int64),
         np.fromiter((it.timestamp_ms for it in loose), dtype=np.int64, count=len(loose)),
         np.fromiter((it.grade for it in loose), dtype=np.float64, count=len(loose)),
     )

@@ -194,11 +194,12 @@ class PartitionState:
             user.active_ms = timestamp_ms
             self.changes["a:" + user_id] = _encode(timestamp_ms)
         entry = (timestamp_ms, event_id)
-        if entry in user.history:
+        history = user.history
+        if len(history) >= self.history_cap and entry >= history[-1]:
+            return  # most of a known user's interactions: later than the kept ones
+        if entry in history:
             return
-        if len(user.history) >= self.history_cap and entry >= user.history[-1]:
-            return
-        user.history.append(entry)
+        history.append(entry)
         user.history.sort()
         del user.history[self.history_cap :]
         self._write_history(user_id, user)
