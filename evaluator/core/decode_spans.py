@@ -11,13 +11,16 @@ plain arrays of strings are decoded one by one, as before. Pure.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import msgspec
 import numpy as np
 
 from evaluator.core.decode import (
+    _IMPRESSION_DECODER,
     _check_listed,
     _decode_error,
+    _decode_valid,
     _impression_texts,
     _without_future,
     may_hold_reserved,
@@ -31,8 +34,8 @@ from evaluator.core.events import (
 )
 from evaluator.core.tokens import array_spans, repeated, with_strings
 
-_HEAD_DECODER = msgspec.json.Decoder(ImpressionHead)
-_FULL_DECODER = msgspec.json.Decoder(Impression)
+_HEAD_DECODER = cast("msgspec.json.Decoder[Impression]", msgspec.json.Decoder(ImpressionHead))
+"""Decodes :class:`ImpressionHead` (typed as its base for the shared decoding loop)."""
 _LIST_DECODER = msgspec.json.Decoder(list[str])
 
 
@@ -46,19 +49,10 @@ def decode_impression_spans(
     """Decode and validate JSON impressions, their items as spans hashed with ``seed``
     (the batch's ``items``); invalid ones are returned, never raised."""
     reserved = may_hold_reserved(raw)
-    heads: list[ImpressionHead] = []
-    at: list[int] = []
-    invalid: list[InvalidEvent] = []
-    decode = _HEAD_DECODER.decode
-    for offset, payload in enumerate(raw):
-        try:
-            heads.append(decode(payload))
-            at.append(offset)
-        except msgspec.DecodeError as exc:
-            invalid.append(_decode_error(base_index + offset, exc))
-        except RecursionError:  # msgspec's own limit on nesting, not a decode error
-            why = InvalidEvent(base_index + offset, InvalidReason.UNDECODABLE, "nested too deeply")
-            invalid.append(why)
+    decoded, invalid = _decode_valid(raw, _HEAD_DECODER, lambda head: None, base_index)
+    heads = cast("list[ImpressionHead]", decoded)
+    failed_at = {b.index - base_index for b in invalid}
+    at = [i for i in range(len(raw)) if i not in failed_at]  # each head's input offset
     spans, plain = array_spans([h.items for h in heads])
     lists: dict[int, list[str]] = {}
     failed: dict[int, InvalidEvent] = {}
@@ -98,7 +92,7 @@ def decode_impression_spans(
 def _full_error(payload: bytes, index: int) -> InvalidEvent:
     """The error decoding the whole impression gives (its items did not decode)."""
     try:
-        _FULL_DECODER.decode(payload)
+        _IMPRESSION_DECODER.decode(payload)
     except msgspec.DecodeError as exc:
         return _decode_error(index, exc)
     return InvalidEvent(index, InvalidReason.UNDECODABLE, "items is not a list of strings")

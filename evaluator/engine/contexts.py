@@ -1,13 +1,14 @@
-"""What finalisation needs of the due requests' users, from a partition's join state:
-their cold-start histories and, for users with request-less ("loose")
-interactions, their open impressions and those interactions. Pure.
+"""What finalisation needs of the due requests and their users, from a partition's join
+state: the interactions naming the requests, the users' cold-start histories and, for
+users with request-less ("loose") interactions, their open impressions and those
+interactions. Pure.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from evaluator.core.due import PendingInteraction
+from evaluator.core.due import Named, PendingInteraction
 from evaluator.core.finalise import (
     History,
     LooseInteractions,
@@ -58,3 +59,27 @@ def due_contexts(
         np.fromiter((it.grade for it in loose), dtype=np.float64, count=len(loose)),
     )
     return LooseJoin(impressions, ids, interactions), history, loose_of
+
+
+def named_columns(state: PartitionState, rids: list[str]) -> Named:
+    """The interactions naming the given requests, as columns (row: the request's index
+    in ``rids``; items as codes). They are being closed: the interactions are not part
+    of their changelog value."""
+    named = state.named
+    rows: list[int] = []
+    pending: list[PendingInteraction] = []
+    for row, rid in enumerate(rids):
+        its = named.get(rid)
+        if its:
+            rows += [row] * len(its)
+            pending += its.values()
+    if not pending:
+        return Named.none()
+    codes = state.requests.book.find([str(it.item_id) for it in pending])
+    return Named(
+        np.array(rows, dtype=np.int64),
+        [it.event_id for it in pending],
+        codes.astype(np.int64),
+        np.fromiter((it.timestamp_ms for it in pending), dtype=np.int64, count=len(pending)),
+        np.fromiter((it.grade for it in pending), dtype=np.float64, count=len(pending)),
+    )

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from evaluator.core.due import Due, Named, PendingInteraction
+from evaluator.core.due import Due, PendingInteraction
 from evaluator.core.events import ImpressionBatch, InteractionBatch
 from evaluator.core.experiments import SEP, Experiment, experiment_rows
 from evaluator.core.finalise import (
@@ -28,7 +28,7 @@ from evaluator.core.finalise import (
     Finalised,
     finalise,
 )
-from evaluator.engine.contexts import due_contexts
+from evaluator.engine.contexts import due_contexts, named_columns
 from evaluator.engine.markers import Markers
 from evaluator.engine.plan import EngineConfig
 from evaluator.engine.records import impression_row
@@ -303,7 +303,7 @@ class PartitionEngine:
         due, places = table.due(watermark - self.config.finalise.deadline(0))
         out: list[Finalised] = []
         if len(due):
-            due.named = self._named(due.request_id)
+            due.named = named_columns(state, due.request_id)
             joined, history, loose_of = due_contexts(state, due.user_id)
             groups = configure(due) if configure else [(self.config.finalise, due)]
             book = table.book
@@ -363,29 +363,6 @@ class PartitionEngine:
         """The largest event time consumed (the watermark before any)."""
         times = [c.max_event_ms for c in self.inputs.values() if c.max_event_ms is not None]
         return max(times) if times else (self.watermark_ms or 0)
-
-    def _named(self, rids: list[str]) -> Named:
-        """The interactions naming the requests, as columns (row: the request's index in
-        ``rids``; items as codes). They are being closed: the interactions are not part
-        of their changelog value."""
-        named = self.state.named
-        rows: list[int] = []
-        pending: list[PendingInteraction] = []
-        for row, rid in enumerate(rids):
-            its = named.get(rid)
-            if its:
-                rows += [row] * len(its)
-                pending += its.values()
-        if not pending:
-            return Named.none()
-        codes = self.state.requests.book.find([it.item_id for it in pending])  # type: ignore[misc]
-        return Named(
-            np.array(rows, dtype=np.int64),
-            [it.event_id for it in pending],
-            codes.astype(np.int64),
-            np.fromiter((it.timestamp_ms for it in pending), dtype=np.int64, count=len(pending)),
-            np.fromiter((it.grade for it in pending), dtype=np.float64, count=len(pending)),
-        )
 
     def _sweep_history(self, watermark: int) -> None:
         """Expire cold-start histories past their TTL, once per TTL/10 of event time."""
