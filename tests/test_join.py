@@ -73,6 +73,17 @@ def test_batch_request_join_equals_one_by_one() -> None:
         got = (OUTCOME_CODES[codes[j]], int(positions[j]))
         assert got == (want[0], want[1] if want[0] == JoinOutcome.ATTRIBUTED else -1)
     assert len(set(codes.tolist())) == 4  # every outcome occurred
+    # items as codes of a Ragged (the live engine's): the same outcomes and positions
+    from evaluator.core.due import Ragged
+
+    coded: dict[str, int] = {}
+    ragged = Ragged.of_lists([[coded.setdefault(i, len(coded)) for i in row] for row in lists])
+    item_codes = np.array([coded.get(i, -1) for i in items], dtype=np.int64)
+    got_codes, got_positions = join_by_request_batch(
+        item_codes, np.asarray(times), rows, np.asarray(shown), ragged, rules=rules
+    )
+    assert got_codes.tolist() == codes.tolist()
+    assert got_positions.tolist() == positions.tolist()
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

@@ -19,16 +19,14 @@ import numpy as np
 import numpy.typing as npt
 
 from evaluator.core.cohort import cohort_codes, earlier_counts
-from evaluator.core.due import Due, OpenRequest, due_of, requests_of
+from evaluator.core.due import Due, ItemKey, OpenRequest, Ragged, due_of, requests_of
 from evaluator.core.join import (
-    ItemKey,
     JoinOutcome,
     JoinRules,
     UserImpressions,
     count_outcomes,
     join_by_request_batch,
     join_by_user_batch,
-    request_outcomes,
 )
 from evaluator.core.metrics.overlap import rbo
 from evaluator.core.metrics.setlevel import intra_list_diversity
@@ -146,7 +144,7 @@ class Attributed(NamedTuple):
 
 def attribute_named(
     request_ms: I64,
-    request_items: Sequence[Sequence[ItemKey]],
+    request_items: Sequence[Sequence[ItemKey]] | Ragged,
     interactions: NamedInteractions,
     rules: JoinRules,
     outcomes: Counter[str],
@@ -154,7 +152,7 @@ def attribute_named(
     """Interactions that name their request, joined in one batch; every outcome is
     counted. ``interactions.row`` is each one's request row (-1: unknown request)."""
     rows, items, times, grades = interactions
-    if not items:
+    if not len(items):
         return Attributed.join([])
     codes, positions = join_by_request_batch(
         items, times, rows, request_ms, request_items, rules=rules
@@ -201,8 +199,9 @@ def attribute_loose(
 class NamedInteractions(NamedTuple):
     """Interactions naming a request, as columns (``row``: the request's row)."""
 
-    row: Sequence[int]
-    item: Sequence[ItemKey]
+    row: Sequence[int] | I64
+    item: Sequence[ItemKey] | I64
+    """Item ids, or codes (with the requests' lists as a ``Ragged`` of codes)."""
     ms: I64
     grade: FloatArray
 
@@ -231,13 +230,13 @@ class LooseJoin(NamedTuple):
 def _named(due: Due, rules: JoinRules, outcomes: Counter[str]) -> Attributed:
     """The due requests' own interactions (they name their request's row)."""
     named = due.named
-    if not named.row.size:
-        return Attributed.join([])
-    positions = due.items.positions(named.row, named.item)
-    codes, positions = request_outcomes(positions, named.row, named.ms, due.ms, rules)
-    count_outcomes(codes, outcomes)
-    ok = np.flatnonzero(codes == 0)
-    return Attributed(named.row[ok], positions[ok], named.grade[ok])
+    return attribute_named(
+        due.ms,
+        due.items,
+        NamedInteractions(named.row, named.item, named.ms, named.grade),
+        rules,
+        outcomes,
+    )
 
 
 def _loose(

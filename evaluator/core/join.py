@@ -24,10 +24,7 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from evaluator.core.due import Ragged
-
-ItemKey = str | int
-"""An item id, or its code in a partition's codebook: the join only compares them."""
+from evaluator.core.due import ItemKey, Ragged
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,11 +89,11 @@ OUTCOME_CODES: tuple[JoinOutcome, ...] = (
 
 
 def join_by_request_batch(
-    item_ids: Sequence[ItemKey],
+    item_ids: Sequence[ItemKey] | npt.NDArray[np.int64],
     interaction_ms: npt.NDArray[np.int64],
-    rows: Sequence[int],
+    rows: Sequence[int] | npt.NDArray[np.int64],
     impression_ms: npt.NDArray[np.int64],
-    lists: Sequence[Sequence[ItemKey]],
+    lists: Sequence[Sequence[ItemKey]] | Ragged,
     *,
     rules: JoinRules,
 ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.int64]]:
@@ -105,7 +102,14 @@ def join_by_request_batch(
     ``rows[i]`` is the request interaction i names (-1: unknown), indexing
     ``impression_ms`` and ``lists``. Returns an index into :data:`OUTCOME_CODES`
     and the 0-based position of the item (-1 unless attributed) for each interaction.
+    ``lists`` may be a :class:`Ragged` of item codes (the live engine's); the items
+    are then codes too, and every position is found by one search
+    (:meth:`Ragged.positions`, the first as ``list.index`` finds it).
     """
+    if isinstance(lists, Ragged):
+        row_arr = np.asarray(rows, dtype=np.int64)
+        positions = lists.positions(row_arr, np.asarray(item_ids, dtype=np.int64))
+        return request_outcomes(positions, row_arr, interaction_ms, impression_ms, rules)
     positions = np.fromiter(
         (
             (items.index(item) if item in items else -1) if row >= 0 else -2

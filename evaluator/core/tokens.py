@@ -137,8 +137,8 @@ def array_spans(arrays: Sequence[bytes]) -> tuple[Spans, Bools]:
     opening, closing = quotes[0::2], quotes[1::2]
     counts = np.diff(np.searchsorted(opening, bounds))
     ok = _syntax_ok(body, bounds, opening, closing, counts)
-    if body.size and body.max() >= 0x80:  # not ASCII: must be UTF-8, as msgspec requires
-        for i in np.flatnonzero(ok).tolist():
+    if body.size and body.max() >= 0x80 and not _utf8(joined):  # as msgspec requires
+        for i in np.flatnonzero(ok).tolist():  # which arrays are not UTF-8
             try:
                 bytes(arrays[i]).decode()
             except UnicodeDecodeError:
@@ -147,6 +147,16 @@ def array_spans(arrays: Sequence[bytes]) -> tuple[Spans, Bools]:
     counts[~ok] = 0
     start = opening[kept] + 1
     return Spans(buf, start, closing[kept] - start, _offsets(counts)), ok
+
+
+def _utf8(data: bytes) -> bool:
+    """Whether the bytes are UTF-8 (for joined JSON values: each starts and ends with an
+    ASCII byte, so no sequence spans two, and the whole is UTF-8 exactly when each is)."""
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _offsets(counts: I64) -> I64:
