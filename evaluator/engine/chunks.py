@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from evaluator.core.due import Due, OpenRequest, Ragged
+from evaluator.core.due import Due, OpenRequest, Ragged, requests_of
 from evaluator.core.tokens import Spans
 from evaluator.engine.codebook import NONE, Codebook
 
@@ -177,48 +177,9 @@ class Chunk:
             sum(p.live for p in parts),
         )
 
-    def requests(self, rows: I64, strings: list[str], coded: bool = False) -> list[OpenRequest]:
-        """The given rows as request objects (strings shared through the codebook);
-        ``coded``: items, attribute values and the shadow ranking as their codes."""
-        decode = strings.__getitem__
-        none = [()] * rows.size
-        items, attrs, shadow = (
-            none
-            if not part.flat.size
-            else part.rows(rows)
-            if coded
-            else [tuple(map(decode, r)) for r in part.rows(rows)]
-            for part in (self.items, self.attributes, self.shadow)
-        )
-        labels = self.labels[rows].tolist()
-        out = []
-        for rid, uid, ts, (variant, context, shadow_of, kind), n, its, ats, sh in zip(
-            self.ids.texts(rows),
-            self.users.texts(rows),
-            self.ts[rows].tolist(),
-            labels,
-            self.randomized[rows].tolist(),
-            items,
-            attrs,
-            shadow,
-            strict=True,
-        ):
-            out.append(
-                OpenRequest(
-                    rid,
-                    uid,
-                    strings[variant],
-                    ts,
-                    its,
-                    (),
-                    ats,
-                    strings[shadow_of],
-                    sh,
-                    strings[context],
-                    (strings[kind], n) if kind != NONE else None,
-                )
-            )
-        return out
+    def requests(self, rows: I64, strings: list[str]) -> list[OpenRequest]:
+        """The given rows as request objects, strings decoded (lookups, tests)."""
+        return requests_of(self.due(rows, strings), strings)
 
     def due(self, rows: I64, strings: list[str]) -> Due:
         """The given rows as columns for finalisation (lists stay codes)."""
