@@ -800,6 +800,35 @@ def test_a_request_less_interaction_counts_once_even_for_a_late_impression() -> 
     assert engine.counts.duplicates == 1
 
 
+def test_a_batch_of_histories_is_each_users_earliest_and_latest_day() -> None:
+    """:meth:`PartitionState.add_histories` over a batch: each user keeps the ``cap``
+    earliest (time, event id) of their relevant interactions, repeats ignored, and
+    the activity time is the first interaction met (in batch order) of the latest
+    day; one changelog value per changed user, equal to what the state holds."""
+    day, t0 = 86_400_000, 1_700_000_000_000
+    rng = random.Random(3)
+    state = PartitionState(history_cap=3)
+    events = [
+        (f"u{rng.randrange(12)}", f"e{rng.randrange(300)}", t0 + rng.randrange(5 * day))
+        for _ in range(400)
+    ]
+    for start in range(0, len(events), 37):
+        part = events[start : start + 37]
+        state.add_histories(
+            [u for u, _, _ in part], [e for _, e, _ in part], [t for _, _, t in part]
+        )
+    changes = state.flush()
+    for user in {u for u, _, _ in events}:
+        mine = [(t, e) for u, e, t in events if u == user]
+        assert state.users[user].history == sorted(set(mine))[:3]
+        latest = max(t // day for t, _ in mine)
+        assert state.users[user].active_ms == next(t for t, _ in mine if t // day == latest)
+        assert msgspec.msgpack.decode(changes["h:" + user]) == [
+            list(e) for e in sorted(set(mine))[:3]
+        ]
+        assert msgspec.msgpack.decode(changes["a:" + user]) == state.users[user].active_ms
+
+
 def test_an_active_users_history_outlives_its_ttl() -> None:
     """The cold-start history expires 30 days after the user's latest relevant
     interaction, not after the newest of the earliest ones it keeps: a user active every

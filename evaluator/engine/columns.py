@@ -28,6 +28,7 @@ from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from evaluator.core.due import Due, OpenRequest, Ragged, time_order
 from evaluator.core.tokens import Spans
@@ -141,21 +142,23 @@ class OpenTable:
 
     # --- reads ------------------------------------------------------------------
 
-    def _locate(self, rids: Sequence[str]) -> list[Location | None]:
-        """Where each open request is (None: not open)."""
-        out: list[Location | None] = [None] * len(rids)
+    def _search(self, rids: Sequence[str]) -> Iterator[tuple[Chunk, I64, I64]]:
+        """Per chunk holding some of ``rids`` open: their indexes in ``rids`` and rows."""
         if not rids or not self._live:
-            return out
+            return
         hashes = hashes_of(rids, len(rids))
         for chunk in self.chunks:
             keys = chunk.by_id.keys
             if not keys.size:
                 continue
-            lo = np.searchsorted(keys, hashes)
-            found = np.flatnonzero(keys[np.minimum(lo, keys.size - 1)] == hashes)
+            maybe = np.flatnonzero(chunk.by_id.may_hold(hashes))
+            if not maybe.size:
+                continue
+            lo = np.searchsorted(keys, hashes[maybe])
+            hit = keys[np.minimum(lo, keys.size - 1)] == hashes[maybe]
+            found, lo = maybe[hit], lo[hit]
             if not found.size:
                 continue
-            lo = lo[found]
             rows = chunk.by_id.rows[lo].astype(np.int64)
             hi = np.searchsorted(keys, hashes[found], side="right")
             if (hi - lo > 1).any():  # a collision: every row of the hash is a candidate
@@ -164,18 +167,33 @@ class OpenTable:
                 rows = np.concatenate(spans).astype(np.int64)
             live = chunk.alive[rows]
             found, rows = found[live], rows[live]
-            stored = chunk.ids.texts(rows)
-            for i, row, rid in zip(found.tolist(), rows.tolist(), stored, strict=True):
-                if rid == rids[i]:
-                    out[i] = (chunk, row)
+            same = _same_ids(chunk.ids.take(rows), [rids[i] for i in found.tolist()])
+            if same is not None:
+                found, rows = found[same], rows[same]
+            if found.size:
+                yield chunk, found, rows
+
+    def _locate(self, rids: Sequence[str]) -> list[Location | None]:
+        """Where each open request is (None: not open)."""
+        out: list[Location | None] = [None] * len(rids)
+        for chunk, found, rows in self._search(rids):
+            for i, row in zip(found.tolist(), rows.tolist(), strict=True):
+                out[i] = (chunk, row)
         return out
 
     def contains(self, rids: Sequence[str]) -> list[bool]:
-        return [found is not None for found in self._locate(rids)]
+        out = np.zeros(len(rids), dtype=np.bool_)
+        for _, found, _ in self._search(rids):
+            out[found] = True
+        return out.tolist()
 
     def times(self, rids: Sequence[str]) -> list[int | None]:
         """The impression time of each request (None: not open)."""
-        return [int(f[0].ts[f[1]]) if f is not None else None for f in self._locate(rids)]
+        out: list[int | None] = [None] * len(rids)
+        for chunk, found, rows in self._search(rids):
+            for i, t in zip(found.tolist(), chunk.ts[rows].tolist(), strict=True):
+                out[i] = t
+        return out
 
     def get(self, rid: str) -> OpenRequest | None:
         found = self._locate([rid])[0]
@@ -225,7 +243,10 @@ class OpenTable:
             wanted = set(uids)
             hashes = hashes_of(uids, len(uids))
             for chunk in self.chunks:
-                rows = np.unique(chunk.by_user.find_all(hashes))
+                maybe = hashes[chunk.by_user.may_hold(hashes)]
+                if not maybe.size:
+                    continue
+                rows = np.unique(chunk.by_user.find_all(maybe))
                 rows = rows[chunk.alive[rows]]
                 if not rows.size:
                     continue
@@ -276,6 +297,19 @@ class OpenTable:
         return self.as_dict() == other.as_dict()
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def _same_ids(stored: Ragged, wanted: list[str]) -> npt.NDArray[np.bool_] | None:
+    """Which stored ids (UTF-8 rows) equal the wanted ones (None: all do, the usual
+    answer, found with one comparison of the joined bytes when the lengths agree)."""
+    text = "".join(wanted)
+    sized = map(len, wanted) if text.isascii() else (len(w.encode()) for w in wanted)
+    lengths = np.fromiter(sized, dtype=np.int64, count=len(wanted))
+    joined = text.encode()
+    if np.array_equal(stored.lengths(), lengths) and stored.flat.tobytes() == joined:
+        return None
+    texts = stored.texts(np.arange(len(wanted), dtype=np.int64))
+    return np.array([a == b for a, b in zip(texts, wanted, strict=True)], dtype=np.bool_)
 
 
 def _live_part(chunk: Chunk) -> Chunk:

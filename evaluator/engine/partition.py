@@ -193,6 +193,14 @@ class PartitionEngine:
         is_open = dict(zip(named_ids, state.requests.contains(named_ids), strict=True))
         marked = dict(zip(named_ids, state.markers.deadlines(named_ids), strict=True))
         late = _Late(state.markers, events, marked)
+        relevant_users: list[str] = []
+        relevant_events: list[str] = []
+        relevant_ms: list[int] = []
+        add_user, add_event, add_ms = (
+            relevant_users.append,
+            relevant_events.append,
+            relevant_ms.append,
+        )
         times, grades = interactions.timestamp_ms, interactions.grade
         for n, (it, ts, grade) in enumerate(zip(events, times, grades, strict=True)):
             eid = it.event_id
@@ -203,8 +211,10 @@ class PartitionEngine:
             if user is not None and eid in user.loose:
                 counts.duplicates += 1
                 continue
-            if grade > 0:
-                state.add_history(it.user_id, eid, ts)
+            if grade > 0:  # the histories change after the loop: nothing here reads them
+                add_user(it.user_id)
+                add_event(eid)
+                add_ms(ts)
             named = it.request_id
             if named:
                 if marked[named] is None:
@@ -220,6 +230,7 @@ class PartitionEngine:
                 counts.late += 1
             else:
                 state.add_loose(it.user_id, PendingInteraction(eid, it.item_id, ts, grade))
+        state.add_histories(relevant_users, relevant_events, relevant_ms)
         late.record()
 
     def _loose_late_before(self) -> int:

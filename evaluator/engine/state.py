@@ -36,6 +36,7 @@ each experiment's exposed users by :class:`~evaluator.engine.exposures.Exposures
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from evaluator.core.due import PendingInteraction
@@ -187,22 +188,37 @@ class PartitionState:
     def add_history(self, user_id: str, event_id: str, timestamp_ms: int) -> None:
         """Keep the user's earliest ``history_cap`` relevant interactions (none with a cap
         of 0: every user is established)."""
-        if self.history_cap <= 0:
+        self.add_histories([user_id], [event_id], [timestamp_ms])
+
+    def add_histories(
+        self, user_ids: Sequence[str], event_ids: Sequence[str], times_ms: Sequence[int]
+    ) -> None:
+        """:meth:`add_history` of a batch's relevant interactions, in order: each user's
+        changed history is encoded once."""
+        cap = self.history_cap
+        if cap <= 0:
             return
-        user = self.user(user_id)
-        if timestamp_ms // DAY_MS > user.active_ms // DAY_MS:  # kept (and written) once a day
-            user.active_ms = timestamp_ms
-            self.changes["a:" + user_id] = _encode(timestamp_ms)
-        entry = (timestamp_ms, event_id)
-        history = user.history
-        if len(history) >= self.history_cap and entry >= history[-1]:
-            return  # most of a known user's interactions: later than the kept ones
-        if entry in history:
-            return
-        history.append(entry)
-        user.history.sort()
-        del user.history[self.history_cap :]
-        self._write_history(user_id, user)
+        users, changes = self.users, self.changes
+        changed: dict[str, UserState] = {}
+        for user_id, event_id, timestamp_ms in zip(user_ids, event_ids, times_ms, strict=True):
+            user = users.get(user_id)
+            if user is None:
+                user = users[user_id] = UserState()
+            if timestamp_ms // DAY_MS > user.active_ms // DAY_MS:  # kept (and written) once a day
+                user.active_ms = timestamp_ms
+                changes["a:" + user_id] = _encode(timestamp_ms)
+            entry = (timestamp_ms, event_id)
+            history = user.history
+            if len(history) >= cap and entry >= history[-1]:
+                continue  # most of a known user's interactions: later than the kept ones
+            if entry in history:
+                continue
+            history.append(entry)
+            history.sort()
+            del history[cap:]
+            changed[user_id] = user
+        for user_id, user in changed.items():
+            self._write_history(user_id, user)
 
     def _write_history(self, user_id: str, user: UserState) -> None:
         self.changes["h:" + user_id] = _encode(user.history) if user.history else None
