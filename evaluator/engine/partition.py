@@ -137,8 +137,10 @@ class PartitionEngine:
 
     def ingest(self, impressions: ImpressionBatch, interactions: InteractionBatch) -> None:
         """Store new events; repeats are duplicates, events for final requests are late."""
-        self._ingest_impressions(impressions)
-        self._ingest_interactions(interactions)
+        if impressions.events:  # a poll's batch is of one kind: the other is empty
+            self._ingest_impressions(impressions)
+        if interactions.events:
+            self._ingest_interactions(interactions)
 
     def _ingest_impressions(self, impressions: ImpressionBatch) -> None:
         state, counts = self.state, self.counts
@@ -191,7 +193,10 @@ class PartitionEngine:
         events = interactions.events
         named_ids = list(dict.fromkeys(it.request_id for it in events if it.request_id))
         is_open = dict(zip(named_ids, state.requests.contains(named_ids), strict=True))
-        marked = dict(zip(named_ids, state.markers.deadlines(named_ids), strict=True))
+        # an open request has no marker (one with a marker is refused as a duplicate)
+        closed = [rid for rid, known in is_open.items() if not known]
+        marked: dict[str, int | None] = dict.fromkeys(named_ids)
+        marked.update(zip(closed, state.markers.deadlines(closed), strict=True))
         late = _Late(state.markers, events, marked)
         relevant_users: list[str] = []
         relevant_events: list[str] = []
