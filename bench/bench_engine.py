@@ -10,7 +10,11 @@ both inputs (500 impressions a poll by default), with a synthetic clock of 100 m
 per poll (so every run checkpoints alike: every 10 polls, at the default
 ``engine.checkpoint_interval`` of 1 s, as a live run far behind its input does) and
 the attribution window of ``--attribution-window`` (5m: most requests finalise
-within the run). Checkpoints are written in line (not behind
+within the run). With ``--partitions N`` the events are keyed by user over N
+partitions, all owned by this process, as ``bench_run.py``'s topics (4 partitions)
+are: each poll then brings a batch per partition and kind, and each partition
+ingests, finalises and checkpoints its own, so the fixed cost of each call counts
+as it does live. Checkpoints are written in line (not behind
 the next poll), so the process CPU measured is all of the engine's work: decoding
 and routing, ingestion, finalisation and scoring, window aggregates and the
 checkpoint's encoding and client calls. Reported: CPU µs per event in this process
@@ -39,6 +43,7 @@ from evaluator.adapters.memory import MemoryStore
 from evaluator.config import load_settings
 from evaluator.config.plain import tasks_config
 from evaluator.engine.batches import PartitionBatch
+from evaluator.engine.partitioner import murmur2_partitions
 from evaluator.engine.ports import StateStore
 from evaluator.engine.runtime import tune_gc
 from evaluator.engine.tasks import Tasks
@@ -94,25 +99,50 @@ def polls(
 
 
 def run_once(
-    store: StateStore, settings: object, feed: Sequence[tuple[int, list[bytes], list[bytes]]]
+    store: StateStore,
+    settings: object,
+    feed: Sequence[tuple[int, list[bytes], list[bytes]]],
+    partitions: int = 1,
 ) -> float:
-    """CPU seconds of this process to apply every poll of ``feed``."""
+    """CPU seconds of this process to apply every poll of ``feed``, its events keyed by
+    user over ``partitions`` partitions (as kafka-python's producer would place them),
+    all owned by this process: one batch per partition and kind in each poll."""
     clock = [T0]
-    tasks = Tasks(store, tasks_config(settings, 1), clock_ms=lambda: clock[0])  # type: ignore[arg-type]
-    tasks.assign([0])
-    offsets = {"impressions": 0, "interactions": 0}
+    config = tasks_config(settings, partitions)  # type: ignore[arg-type]
+    tasks = Tasks(store, config, clock_ms=lambda: clock[0])
+    tasks.assign(list(range(partitions)))
+    offsets: dict[str, int] = {}
     started = time.process_time()
     for now, imps, ints in feed:
         clock[0] = now
         batches = []
         for kind, payloads in (("impressions", imps), ("interactions", ints)):
-            first = offsets[kind]
-            offsets[kind] += len(payloads)
-            if payloads:
-                offsets_of = range(first, first + len(payloads))
-                batches.append(PartitionBatch(kind, f"{kind}:0", payloads, offsets_of))  # type: ignore[arg-type]
+            for p, part in _by_partition(payloads, partitions).items():
+                name = f"{kind}:{p}"
+                first = offsets.get(name, 0)
+                offsets[name] = first + len(part)
+                offsets_of = range(first, first + len(part))
+                batches.append(PartitionBatch(kind, name, part, offsets_of))  # type: ignore[arg-type]
         tasks.apply(batches, {})
     return time.process_time() - started
+
+
+def _by_partition(payloads: list[bytes], partitions: int) -> dict[int, list[bytes]]:
+    """Each event's partition by its user id, with Kafka's default (murmur2) partitioner."""
+    if partitions == 1:
+        return {0: payloads} if payloads else {}
+    users = [USER.decode(p).user_id.encode() for p in payloads]
+    out: dict[int, list[bytes]] = {}
+    for payload, p in zip(payloads, murmur2_partitions(users, partitions), strict=True):
+        out.setdefault(p, []).append(payload)
+    return out
+
+
+class _User(msgspec.Struct):
+    user_id: str
+
+
+USER = msgspec.json.Decoder(_User)
 
 
 def main() -> None:
@@ -122,6 +152,9 @@ def main() -> None:
     parser.add_argument("--poll-ms", type=int, default=10_000)
     parser.add_argument("--attribution-window", default="5m")
     parser.add_argument("--store", choices=["redis", "memory"], default="redis")
+    parser.add_argument(
+        "--partitions", type=int, default=1, help="events keyed by user over this many"
+    )
     parser.add_argument("--profile", action="store_true")
     parser.add_argument(
         "--stages", action="store_true", help="CPU per event of each stage (TIMED), all runs"
@@ -147,12 +180,12 @@ def main() -> None:
                 "redis": {"key_prefix": prefix},
             },
         )
-        store, raw = _store(args.store, settings, prefix)
+        store, raw = _store(args.store, settings, prefix, args.partitions)
         before = _redis_cpu(raw)
         profiled = repeat == args.repeats
         if profiled:
             profile.enable()
-        spent = run_once(store, settings, feed)
+        spent = run_once(store, settings, feed, args.partitions)
         profile.disable()
         if not profiled:
             cpu.append(spent)
@@ -162,7 +195,8 @@ def main() -> None:
     print(
         f"{events:,} events ({len(imps):,} impressions of 20 items), polls of "
         f"{args.poll_ms // 1000} s of event time, attribution window "
-        f"{args.attribution_window}, {args.store} store, median of {args.repeats}"
+        f"{args.attribution_window}, {args.store} store, {args.partitions} partition(s), "
+        f"median of {args.repeats}"
     )
     print(
         f"  engine CPU per event, in process: {statistics.median(cpu) / events * 1e6:.1f} µs "
@@ -201,8 +235,10 @@ def _timed() -> dict[str, float]:
     return spent
 
 
-def _store(kind: str, settings: object, prefix: str) -> tuple[StateStore, object]:
-    layout = settings.layout(1)  # type: ignore[attr-defined]
+def _store(
+    kind: str, settings: object, prefix: str, partitions: int = 1
+) -> tuple[StateStore, object]:
+    layout = settings.layout(partitions)  # type: ignore[attr-defined]
     if kind == "memory":
         return MemoryStore(layout), None
     import redis
