@@ -98,31 +98,43 @@ def polls(
     return out
 
 
-def run_once(
-    store: StateStore,
-    settings: object,
-    feed: Sequence[tuple[int, list[bytes], list[bytes]]],
-    partitions: int = 1,
-) -> float:
-    """CPU seconds of this process to apply every poll of ``feed``, its events keyed by
-    user over ``partitions`` partitions (as kafka-python's producer would place them),
-    all owned by this process: one batch per partition and kind in each poll."""
+Feed = list[tuple[int, list[tuple[str, str, list[bytes]]]]]
+"""Per poll: the clock, and (kind, partition name, payloads) of each batch."""
+
+
+def split(polled: Sequence[tuple[int, list[bytes], list[bytes]]], partitions: int) -> Feed:
+    """Each poll's events as batches per partition and kind (done before any timing)."""
+    return [
+        (
+            now,
+            [
+                (kind, f"{kind}:{p}", part)
+                for kind, payloads in (("impressions", imps), ("interactions", ints))
+                for p, part in sorted(_by_partition(payloads, partitions).items())
+            ],
+        )
+        for now, imps, ints in polled
+    ]
+
+
+def run_once(store: StateStore, settings: object, feed: Feed, partitions: int = 1) -> float:
+    """CPU seconds of this process to apply every poll of ``feed``, whose events are
+    keyed by user over ``partitions`` partitions (as kafka-python's producer would place
+    them), all owned by this process: a batch per partition and kind in each poll."""
     clock = [T0]
     config = tasks_config(settings, partitions)  # type: ignore[arg-type]
     tasks = Tasks(store, config, clock_ms=lambda: clock[0])
     tasks.assign(list(range(partitions)))
     offsets: dict[str, int] = {}
     started = time.process_time()
-    for now, imps, ints in feed:
+    for now, polled in feed:
         clock[0] = now
         batches = []
-        for kind, payloads in (("impressions", imps), ("interactions", ints)):
-            for p, part in _by_partition(payloads, partitions).items():
-                name = f"{kind}:{p}"
-                first = offsets.get(name, 0)
-                offsets[name] = first + len(part)
-                offsets_of = range(first, first + len(part))
-                batches.append(PartitionBatch(kind, name, part, offsets_of))  # type: ignore[arg-type]
+        for kind, name, part in polled:
+            first = offsets.get(name, 0)
+            offsets[name] = first + len(part)
+            offsets_of = range(first, first + len(part))
+            batches.append(PartitionBatch(kind, name, part, offsets_of))  # type: ignore[arg-type]
         tasks.apply(batches, {})
     return time.process_time() - started
 
@@ -168,7 +180,7 @@ def main() -> None:
         per_request=(0, 1, 1, 2),
         types=("click", "add_to_cart", "purchase"),
     )
-    feed = polls(imps, ints, args.poll_ms)
+    feed = split(polls(imps, ints, args.poll_ms), args.partitions)
     events = len(imps) + len(ints)
     cpu, redis_cpu, profile = [], [], cProfile.Profile()
     for repeat in range(args.repeats + args.profile):  # the profiled run is not counted
