@@ -114,12 +114,15 @@ class Codebook:
         codes = self._find(keys)
         missing = np.flatnonzero(codes == NONE)
         if missing.size:
-            _, first = np.unique(keys[missing], return_index=True)
-            new = missing[np.sort(first)]  # each new string once, in order
+            _, first, inverse = np.unique(keys[missing], return_index=True, return_inverse=True)
+            order = np.argsort(first)  # each new string once, in order of first appearance
+            new = missing[first[order]]
             start = len(self.strings)
             self.strings += texts(new)
-            self._insert(keys[new], np.arange(start, start + new.size, dtype=np.int32))
-            codes[missing] = self._find(keys[missing])
+            code = np.empty(first.size, dtype=np.int32)  # of each distinct new hash
+            code[order] = np.arange(start, start + first.size, dtype=np.int32)
+            self._insert(keys[new], code[order])
+            codes[missing] = code[inverse.reshape(-1)]
         return codes
 
     def _insert(self, keys: I64, codes: I32) -> None:
