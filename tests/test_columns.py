@@ -190,18 +190,33 @@ def test_codes_past_sixteen_bits_widen_the_chunks_that_need_them() -> None:
     assert table.as_dict() == {r[0]: request(r) for r in small + wide + last}
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_a_segment_decodes_to_its_chunk(version: int) -> None:
-    """A chunk written as a changelog segment (this format, or format 1 of the release
-    before: fixed columns as held in memory) decodes to the same rows."""
+    """A chunk written as a changelog segment (this format, or those of earlier
+    releases: 2, without dictionaries; 1, fixed columns as held in memory) decodes to
+    the same rows."""
     rng = random.Random(version)
     book = Codebook()
     rows = [row(n, rng) for n in range(300)]
     for r in rows:  # epoch milliseconds, spanning more than 16 bits
         r[3] = 1_700_000_000_000 + 1_000 * r[3]
     chunk = chunks.Chunk.of(rows, book)
-    if version == 2:
+    if version == 3:
         raw = segments.encode_segment(chunk)
+    elif version == 2:
+        base = int(chunk.ts.min())
+        fixed = [chunk.ts - base, chunk.labels, chunk.randomized]
+        raw = segments._encode(
+            [
+                2,
+                [base, *(part for v in fixed for part in segments._packed(segments._fewest(v)))],
+                [
+                    segments._ids(chunk.ids),
+                    segments._ids(chunk.users),
+                    *(segments._lengths(getattr(chunk, n)) for n in chunks.RAGGED[2:]),
+                ],
+            ]
+        )
     else:
         fixed = [chunk.ts, chunk.labels, chunk.randomized]
         raw = segments._encode(
@@ -217,6 +232,31 @@ def test_a_segment_decodes_to_its_chunk(version: int) -> None:
     got = decoded.requests(everything, book.strings)
     assert got == chunk.requests(everything, book.strings)
     assert [r.request_id for r in got] == [r[0] for r in rows]
+
+
+@pytest.mark.parametrize("catalog", [1_000, 70_000])
+def test_a_column_of_few_distinct_codes_is_stored_through_a_dictionary(catalog: int) -> None:
+    """Attribute codes of a few categories among many codes (16-bit codes, or 32-bit
+    past 65,535 strings) take a byte each in the segment; items take two bytes, through
+    the dictionary when their codes are 32-bit; both read back exactly."""
+    rng = random.Random(catalog)
+    book = Codebook([f"item-{n}" for n in range(catalog)])
+    rows = []
+    for n in range(2_000):
+        items = list(dict.fromkeys(f"item-{rng.randrange(catalog)}" for _ in range(10)))
+        attributes = [f"cat-{rng.randrange(12)}" for _ in items]
+        rows.append([f"r{n}", f"u{n}", "a", n, items, attributes, "", [], "", None])
+    chunk = chunks.Chunk.of(rows, book)
+    values = chunk.attributes.flat.size
+    assert chunk.attributes.flat.dtype.itemsize == (2 if catalog < 2**15 else 4)
+    stored = segments._codes(chunk.attributes)
+    assert stored[0] == segments.DICTIONARY and len(stored[-1]) == values  # a byte each
+    items = segments._codes(chunk.items)  # ~1,000 distinct: through a dictionary if 32-bit
+    assert (items[0] == segments.DICTIONARY) == (catalog >= 2**15)
+    decoded = segments.decode_segment(segments.encode_segment(chunk))
+    assert decoded.attributes.flat.dtype == chunk.attributes.flat.dtype
+    everything = np.arange(len(rows))
+    assert decoded.requests(everything, book.strings) == chunk.requests(everything, book.strings)
 
 
 @pytest.mark.parametrize(

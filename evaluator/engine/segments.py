@@ -3,8 +3,10 @@ back. Pure.
 
 Each column is written as its bytes, with no per-row encoding: times as offsets
 from the segment's first, fixed columns in their fewest bytes, ragged columns as
-their row lengths and values, and ids that are one prefix and a canonical lowercase
-UUID as that prefix and 16 bytes each.
+their row lengths and values, ids that are one prefix and a canonical lowercase
+UUID as that prefix and 16 bytes each, and a column of codes with few distinct
+values in the segment (an attribute's: a category, a brand) as those values and a
+one- or two-byte index into them.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ import numpy.typing as npt
 from evaluator.core.due import Ragged
 from evaluator.engine.chunks import RAGGED, Chunk, Index, hashes_of
 
-SEGMENT_FORMAT = 2
-"""The version of :func:`encode_segment`'s layout (its first element): 2 stores the
-impression times as offsets from the first, every fixed column in its fewest bytes
-and UUID ids as 16 bytes; 1 (read) stored them as held in memory."""
+SEGMENT_FORMAT = 3
+"""The version of :func:`encode_segment`'s layout (its first element): 3 may store a
+column of codes through the segment's own dictionary (:data:`DICTIONARY`); 2 (read)
+stores the impression times as offsets from the first, every fixed column in its
+fewest bytes and UUID ids as 16 bytes; 1 (read) stored them as held in memory."""
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder().decode
@@ -70,8 +73,41 @@ def _ids(part: Ragged) -> tuple[Any, ...]:
     return UUIDS, head[0].tobytes(), bytes.fromhex(digits.tobytes().decode())
 
 
+DICTIONARY = "dict"
+"""A column of codes stored as its row lengths, its distinct codes and, for each value,
+its index among them (one byte for at most 256 distinct codes, two for 65,536)."""
+
+
+def _codes(part: Ragged) -> tuple[Any, ...]:
+    """A column of codes (none negative): :data:`DICTIONARY` when its index is
+    narrower than the codes, else as :func:`_lengths`. Found without sorting: the
+    codes are below the codebook's size."""
+    flat = part.flat
+    if flat.size == 0 or flat.dtype.itemsize == 1 or int(flat.min()) < 0:
+        return _lengths(part)
+    present = np.zeros(int(flat.max()) + 1, dtype=np.bool_)
+    present[flat] = True
+    distinct = np.flatnonzero(present)
+    index_type = np.uint8 if distinct.size <= 2**8 else np.uint16
+    if distinct.size > 2**16 or np.dtype(index_type).itemsize >= flat.dtype.itemsize:
+        return _lengths(part)
+    index = (np.cumsum(present) - 1)[flat].astype(index_type)
+    lengths_dtype, lengths, _, _ = _lengths(Ragged(flat[:0], part.off))
+    return (
+        DICTIONARY,
+        lengths_dtype,
+        lengths,
+        *_packed(distinct.astype(flat.dtype)),
+        *_packed(index),
+    )
+
+
 def _ragged(*part: Any) -> Ragged:
-    """A column as :func:`_lengths` or :func:`_ids` wrote it."""
+    """A column as :func:`_lengths`, :func:`_ids` or :func:`_codes` wrote it."""
+    if part[0] == DICTIONARY:
+        _, lengths_dtype, lengths, dtype, distinct, index_dtype, index = part
+        flat = _unpacked(dtype, distinct)[_unpacked(index_dtype, index)]
+        return Ragged.of(flat, _unpacked(lengths_dtype, lengths).astype(np.int64))
     if part[0] == UUIDS:
         _, prefix, packed = part
         n = len(packed) // 16
@@ -111,7 +147,7 @@ def encode_segment(chunk: Chunk) -> bytes:
             [
                 _ids(chunk.ids),
                 _ids(chunk.users),
-                *(_lengths(getattr(chunk, name)) for name in RAGGED[2:]),
+                *(_codes(getattr(chunk, name)) for name in RAGGED[2:]),
             ],
         ]
     )
@@ -120,9 +156,9 @@ def encode_segment(chunk: Chunk) -> bytes:
 def decode_segment(raw: bytes) -> Chunk:
     """The chunk :func:`encode_segment` wrote (its rows all live, indexes rebuilt)."""
     version, fixed, ragged = _decode(raw)
-    if version not in (1, SEGMENT_FORMAT):
+    if version not in (1, 2, SEGMENT_FORMAT):
         raise ValueError(f"request segment of format {version}, not {SEGMENT_FORMAT}")
-    base = fixed.pop(0) if version == 2 else 0
+    base = fixed.pop(0) if version >= 2 else 0
     ts, labels, randomized = (_unpacked(fixed[k], fixed[k + 1]) for k in range(0, len(fixed), 2))
     ts = ts.astype(np.int64) + base
     labels = labels.astype(np.int32 if labels.max(initial=0) > np.iinfo(np.int16).max else np.int16)
