@@ -201,6 +201,7 @@ def test_a_segment_decodes_to_its_chunk(version: int) -> None:
     for r in rows:  # epoch milliseconds, spanning more than 16 bits
         r[3] = 1_700_000_000_000 + 1_000 * r[3]
     chunk = chunks.Chunk.of(rows, book)
+    codes = [chunk.ids, chunk.users, chunk.items, chunk.attribute_codes(), chunk.shadow]
     if version == 3:
         raw = segments.encode_segment(chunk)
     elif version == 2:
@@ -213,7 +214,7 @@ def test_a_segment_decodes_to_its_chunk(version: int) -> None:
                 [
                     segments._ids(chunk.ids),
                     segments._ids(chunk.users),
-                    *(segments._lengths(getattr(chunk, n)) for n in chunks.RAGGED[2:]),
+                    *(segments._lengths(c) for c in codes[2:]),
                 ],
             ]
         )
@@ -223,7 +224,7 @@ def test_a_segment_decodes_to_its_chunk(version: int) -> None:
             [
                 1,
                 [part for values in fixed for part in segments._packed(values)],
-                [segments._lengths(getattr(chunk, name)) for name in chunks.RAGGED],
+                [segments._lengths(c) for c in codes],
             ]
         )
     decoded = segments.decode_segment(raw)
@@ -247,14 +248,17 @@ def test_a_column_of_few_distinct_codes_is_stored_through_a_dictionary(catalog: 
         attributes = [f"cat-{rng.randrange(12)}" for _ in items]
         rows.append([f"r{n}", f"u{n}", "a", n, items, attributes, "", [], "", None])
     chunk = chunks.Chunk.of(rows, book)
-    values = chunk.attributes.flat.size
-    assert chunk.attributes.flat.dtype.itemsize == (2 if catalog < 2**15 else 4)
-    stored = segments._codes(chunk.attributes)
+    attributes = chunk.attribute_codes()
+    values = attributes.flat.size
+    assert attributes.flat.dtype.itemsize == (2 if catalog < 2**15 else 4)
+    assert chunk.attributes.flat.dtype.itemsize == 1  # in memory too: a byte each
+    stored = segments._codes(attributes)
     assert stored[0] == segments.DICTIONARY and len(stored[-1]) == values  # a byte each
     items = segments._codes(chunk.items)  # ~1,000 distinct: through a dictionary if 32-bit
     assert (items[0] == segments.DICTIONARY) == (catalog >= 2**15)
     decoded = segments.decode_segment(segments.encode_segment(chunk))
-    assert decoded.attributes.flat.dtype == chunk.attributes.flat.dtype
+    assert decoded.attribute_codes().flat.dtype == attributes.flat.dtype
+    assert decoded.attributes.flat.dtype.itemsize == 1  # read back as held
     everything = np.arange(len(rows))
     assert decoded.requests(everything, book.strings) == chunk.requests(everything, book.strings)
 

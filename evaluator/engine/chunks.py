@@ -102,6 +102,20 @@ class Chunk:
     by_id: Index
     by_user: Index
     live: int
+    attribute_values: npt.NDArray[Any] | None = None
+    """The distinct codes that :attr:`attributes` indexes (None: it holds the codes):
+    an attribute has few values, so each takes a byte (:func:`dictionary`)."""
+
+    def __post_init__(self) -> None:
+        if self.attribute_values is None:
+            self.attributes, self.attribute_values = dictionary(self.attributes)
+
+    def attribute_codes(self, rows: I64 | None = None) -> Ragged:
+        """The attribute values of the given rows (all: None) as codes of the book."""
+        part = self.attributes if rows is None else self.attributes.take(rows)
+        if self.attribute_values is None:
+            return part
+        return Ragged(self.attribute_values[part.flat], part.off)
 
     @property
     def size(self) -> int:
@@ -118,6 +132,8 @@ class Chunk:
         ]
         arrays += [self.by_id.keys, self.by_id.rows, self.by_user.keys, self.by_user.rows]
         arrays += [self.by_id.bits, self.by_user.bits]
+        if self.attribute_values is not None:
+            arrays.append(self.attribute_values)
         return sum(a.nbytes for a in arrays)
 
     @classmethod
@@ -167,13 +183,15 @@ class Chunk:
             Index.of(self.by_id.per_row()[rows]),
             Index.of(self.by_user.per_row()[rows]),
             int(self.alive[rows].sum()),
+            self.attribute_values,
         )
 
     @staticmethod
     def concat(parts: Sequence[Chunk]) -> Chunk:
-        ids, users, items, attributes, shadow = (
-            Ragged.concat([getattr(p, n) for p in parts]) for n in RAGGED
+        ids, users, items, shadow = (
+            Ragged.concat([getattr(p, n) for p in parts]) for n in RAGGED if n != "attributes"
         )
+        attributes = Ragged.concat([p.attribute_codes() for p in parts])
         by_id, by_user = (
             np.concatenate([getattr(p, n).per_row() for p in parts]) for n in _INDEXED
         )
@@ -207,7 +225,7 @@ class Chunk:
             list(map(decode, variant)),
             self.ts[rows],
             self.items.take(rows),
-            self.attributes.take(rows),
+            self.attribute_codes(rows),
             list(map(decode, shadow_of)),
             self.shadow.take(rows),
             list(map(decode, context)),
@@ -222,7 +240,8 @@ class Chunk:
     def codes_in_use(self) -> I32:
         live = np.flatnonzero(self.alive)
         parts = [self.labels[live].ravel()]
-        parts += [p.take(live).flat for p in (self.items, self.attributes, self.shadow)]
+        parts += [self.items.take(live).flat, self.attribute_codes(live).flat]
+        parts.append(self.shadow.take(live).flat)
         return np.concatenate(parts).astype(np.int32)
 
     def recode(self, mapping: I32) -> None:
@@ -233,13 +252,42 @@ class Chunk:
         self.labels = _narrow(
             np.where(labels >= 0, mapping[np.maximum(labels, 0)], NONE), size, signed=True
         )
-        for part in (self.items, self.attributes, self.shadow):
+        for part in (self.items, self.shadow):
             part.flat = _narrow(np.maximum(mapping[part.flat], 0), size)
+        if self.attribute_values is None:
+            self.attributes.flat = _narrow(np.maximum(mapping[self.attributes.flat], 0), size)
+        else:
+            self.attribute_values = _narrow(np.maximum(mapping[self.attribute_values], 0), size)
 
 
 RAGGED = ("ids", "users", "items", "attributes", "shadow")
 """The chunk's variable-length columns."""
 _INDEXED = ("by_id", "by_user")
+
+
+def dictionary(part: Ragged) -> tuple[Ragged, npt.NDArray[Any] | None]:
+    """A column of codes (none negative) as each value's index among its distinct
+    codes, and those codes, when the index is narrower than the codes (one byte for at
+    most 256 distinct codes, two for 65,536); else the column as it is, and None.
+    Found with a table over the codes when they are dense, else with a sort."""
+    flat = part.flat
+    if flat.size == 0 or flat.dtype.itemsize == 1 or int(flat.min()) < 0:
+        return part, None
+    top = int(flat.max()) + 1
+    if top <= 4 * flat.size:  # a table over the codes: no sort
+        present = np.zeros(top, dtype=np.bool_)
+        present[flat] = True
+        distinct = np.flatnonzero(present)
+        position = None
+    else:  # few values among many codes (a large catalog): sort the values
+        distinct, position = np.unique(flat, return_inverse=True)
+    index_type = np.uint8 if distinct.size <= 2**8 else np.uint16
+    if distinct.size > 2**16 or np.dtype(index_type).itemsize >= flat.dtype.itemsize:
+        return part, None
+    if position is None:
+        position = (np.cumsum(present) - 1)[flat]
+    index = position.reshape(-1).astype(index_type)
+    return Ragged(index, part.off), distinct.astype(flat.dtype)
 
 
 def _codes(lists: Sequence[Sequence[str]], book: Codebook) -> Ragged:

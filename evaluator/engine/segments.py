@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from evaluator.core.due import Ragged
-from evaluator.engine.chunks import RAGGED, Chunk, Index, hashes_of
+from evaluator.engine.chunks import Chunk, Index, dictionary, hashes_of
 
 SEGMENT_FORMAT = 3
 """The version of :func:`encode_segment`'s layout (its first element): 3 may store a
@@ -78,28 +78,18 @@ DICTIONARY = "dict"
 its index among them (one byte for at most 256 distinct codes, two for 65,536)."""
 
 
-def _codes(part: Ragged) -> tuple[Any, ...]:
-    """A column of codes (none negative): :data:`DICTIONARY` when its index is
-    narrower than the codes, else as :func:`_lengths`. Found without sorting: the
-    codes are below the codebook's size."""
-    flat = part.flat
-    if flat.size == 0 or flat.dtype.itemsize == 1 or int(flat.min()) < 0:
-        return _lengths(part)
-    present = np.zeros(int(flat.max()) + 1, dtype=np.bool_)
-    present[flat] = True
-    distinct = np.flatnonzero(present)
-    index_type = np.uint8 if distinct.size <= 2**8 else np.uint16
-    if distinct.size > 2**16 or np.dtype(index_type).itemsize >= flat.dtype.itemsize:
-        return _lengths(part)
-    index = (np.cumsum(present) - 1)[flat].astype(index_type)
-    lengths_dtype, lengths, _, _ = _lengths(Ragged(flat[:0], part.off))
-    return (
-        DICTIONARY,
-        lengths_dtype,
-        lengths,
-        *_packed(distinct.astype(flat.dtype)),
-        *_packed(index),
-    )
+def _codes(part: Ragged, distinct: npt.NDArray[Any] | None = None) -> tuple[Any, ...]:
+    """A column of codes: :data:`DICTIONARY` when its index is narrower than the
+    codes (:func:`~evaluator.engine.chunks.dictionary`), else as :func:`_lengths`.
+    With ``distinct``, ``part`` is an index into those codes already (a chunk's
+    attributes)."""
+    index = part
+    if distinct is None:
+        index, distinct = dictionary(part)
+        if distinct is None:
+            return _lengths(part)
+    lengths_dtype, lengths, index_dtype, flat = _lengths(index)
+    return (DICTIONARY, lengths_dtype, lengths, *_packed(distinct), index_dtype, flat)
 
 
 def _ragged(*part: Any) -> Ragged:
@@ -147,7 +137,9 @@ def encode_segment(chunk: Chunk) -> bytes:
             [
                 _ids(chunk.ids),
                 _ids(chunk.users),
-                *(_codes(getattr(chunk, name)) for name in RAGGED[2:]),
+                _codes(chunk.items),
+                _codes(chunk.attributes, chunk.attribute_values),
+                _codes(chunk.shadow),
             ],
         ]
     )
@@ -163,7 +155,8 @@ def decode_segment(raw: bytes) -> Chunk:
     ts = ts.astype(np.int64) + base
     labels = labels.astype(np.int32 if labels.max(initial=0) > np.iinfo(np.int16).max else np.int16)
     randomized = randomized.astype(np.int32)
-    ids, users, items, attributes, shadow = (_ragged(*part) for part in ragged)
+    ids, users, items, shadow = (_ragged(*ragged[k]) for k in (0, 1, 2, 4))
+    attributes, values = _attributes(ragged[3])
     n = int(ts.size)
     return Chunk(
         ts.astype(np.int64),
@@ -178,4 +171,15 @@ def decode_segment(raw: bytes) -> Chunk:
         Index.of(hashes_of(ids.texts(np.arange(n)), n)),
         Index.of(hashes_of(users.texts(np.arange(n)), n)),
         n,
+        values,
     )
+
+
+def _attributes(part: list[Any]) -> tuple[Ragged, npt.NDArray[Any] | None]:
+    """The attribute column as a chunk holds it: written through a dictionary, that
+    dictionary and the index as they are; else its codes (the chunk makes its own)."""
+    if part[0] != DICTIONARY:
+        return _ragged(*part), None
+    _, lengths_dtype, lengths, dtype, distinct, index_dtype, index = part
+    lengths_of = _unpacked(lengths_dtype, lengths).astype(np.int64)
+    return Ragged.of(_unpacked(index_dtype, index), lengths_of), _unpacked(dtype, distinct)
