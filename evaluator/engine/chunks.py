@@ -265,6 +265,11 @@ RAGGED = ("ids", "users", "items", "attributes", "shadow")
 _INDEXED = ("by_id", "by_user")
 
 
+SAMPLE = 2_048
+"""Values looked at first: more than 256 distinct among them, and 16-bit codes cannot
+take a byte each (the usual answer for items, found without a pass over them all)."""
+
+
 def dictionary(part: Ragged) -> tuple[Ragged, npt.NDArray[Any] | None]:
     """A column of codes (none negative) as each value's index among its distinct
     codes, and those codes, when the index is narrower than the codes (one byte for at
@@ -273,6 +278,8 @@ def dictionary(part: Ragged) -> tuple[Ragged, npt.NDArray[Any] | None]:
     flat = part.flat
     if flat.size == 0 or flat.dtype.itemsize == 1 or int(flat.min()) < 0:
         return part, None
+    if flat.dtype.itemsize == 2 and np.unique(flat[:SAMPLE]).size > 2**8:
+        return part, None  # 16-bit codes of many values (items): no byte index
     top = int(flat.max()) + 1
     if top <= 4 * flat.size:  # a table over the codes: no sort
         present = np.zeros(top, dtype=np.bool_)
