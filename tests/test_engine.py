@@ -813,10 +813,7 @@ def test_a_batch_of_histories_is_each_users_earliest_and_latest_day() -> None:
         for _ in range(400)
     ]
     for start in range(0, len(events), 37):
-        part = events[start : start + 37]
-        state.add_histories(
-            [u for u, _, _ in part], [e for _, e, _ in part], [t for _, _, t in part]
-        )
+        state.add_histories(events[start : start + 37])
     changes = state.flush()
     for user in {u for u, _, _ in events}:
         mine = [(t, e) for u, e, t in events if u == user]

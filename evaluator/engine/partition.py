@@ -198,14 +198,7 @@ class PartitionEngine:
         marked: dict[str, int | None] = dict.fromkeys(named_ids)
         marked.update(zip(closed, state.markers.deadlines(closed), strict=True))
         late = _Late(state.markers, events, marked)
-        relevant_users: list[str] = []
-        relevant_events: list[str] = []
-        relevant_ms: list[int] = []
-        add_user, add_event, add_ms = (
-            relevant_users.append,
-            relevant_events.append,
-            relevant_ms.append,
-        )
+        relevant: list[tuple[str, str, int]] = []  # (user, event, time)
         times, grades = interactions.timestamp_ms, interactions.grade
         for n, (it, ts, grade) in enumerate(zip(events, times, grades, strict=True)):
             eid = it.event_id
@@ -217,9 +210,7 @@ class PartitionEngine:
                 counts.duplicates += 1
                 continue
             if grade > 0:  # the histories change after the loop: nothing here reads them
-                add_user(it.user_id)
-                add_event(eid)
-                add_ms(ts)
+                relevant.append((it.user_id, eid, ts))
             named = it.request_id
             if named:
                 if marked[named] is None:
@@ -235,7 +226,7 @@ class PartitionEngine:
                 counts.late += 1
             else:
                 state.add_loose(it.user_id, PendingInteraction(eid, it.item_id, ts, grade))
-        state.add_histories(relevant_users, relevant_events, relevant_ms)
+        state.add_histories(relevant)
         late.record()
 
     def _loose_late_before(self) -> int:

@@ -188,19 +188,17 @@ class PartitionState:
     def add_history(self, user_id: str, event_id: str, timestamp_ms: int) -> None:
         """Keep the user's earliest ``history_cap`` relevant interactions (none with a cap
         of 0: every user is established)."""
-        self.add_histories([user_id], [event_id], [timestamp_ms])
+        self.add_histories([(user_id, event_id, timestamp_ms)])
 
-    def add_histories(
-        self, user_ids: Sequence[str], event_ids: Sequence[str], times_ms: Sequence[int]
-    ) -> None:
-        """:meth:`add_history` of a batch's relevant interactions, in order: each user's
-        changed history is encoded once."""
+    def add_histories(self, relevant: Sequence[tuple[str, str, int]]) -> None:
+        """:meth:`add_history` of a batch's relevant interactions (user, event, time), in
+        order: each user's changed history is encoded once."""
         cap = self.history_cap
         if cap <= 0:
             return
         users, changes = self.users, self.changes
         changed: dict[str, UserState] = {}
-        for user_id, event_id, timestamp_ms in zip(user_ids, event_ids, times_ms, strict=True):
+        for user_id, event_id, timestamp_ms in relevant:
             user = users.get(user_id)
             if user is None:
                 user = users[user_id] = UserState()
