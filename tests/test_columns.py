@@ -15,6 +15,8 @@ from evaluator.core.due import OpenRequest, requests_of
 from evaluator.engine import chunks, columns, segments
 from evaluator.engine.codebook import Codebook
 from evaluator.engine.columns import OpenTable
+from evaluator.engine.restore import restore_state
+from evaluator.engine.state import PartitionState
 
 
 def row(n: int, rng: random.Random) -> list[Any]:
@@ -190,6 +192,47 @@ def test_codes_past_sixteen_bits_widen_the_chunks_that_need_them() -> None:
     assert table.as_dict() == {r[0]: request(r) for r in small + wide + last}
 
 
+def format_2(chunk: chunks.Chunk) -> bytes:
+    """A chunk as the previous release wrote it (segment format 2: no dictionaries)."""
+    base = int(chunk.ts.min())
+    fixed = [chunk.ts - base, chunk.labels, chunk.randomized]
+    return segments._encode(
+        [
+            2,
+            [base, *(part for v in fixed for part in segments._packed(segments._fewest(v)))],
+            [
+                segments._ids(chunk.ids),
+                segments._ids(chunk.users),
+                *(
+                    segments._lengths(c)
+                    for c in (chunk.items, chunk.attribute_codes(), chunk.shadow)
+                ),
+            ],
+        ]
+    )
+
+
+def test_a_partition_written_by_the_previous_release_restores_its_open_requests() -> None:
+    """A partition's changelog whose request segments are in format 2 (as the previous
+    release left it) restores to the same open requests as the same changelog in
+    this format, and to what was opened: nothing dropped or changed on upgrade."""
+    rng = random.Random(11)
+    state = PartitionState()
+    rows = [row(n, rng) for n in range(500)]
+    state.add_requests(rows, 60_000)
+    changes = {k: v for k, v in state.flush().items() if v is not None}
+    assert any(k.startswith("t:") for k in changes)
+    previous = {
+        k: format_2(segments.decode_segment(v)) if k.startswith("t:") else v
+        for k, v in changes.items()
+    }
+    assert previous != changes  # the previous release's bytes differ
+    reference = {r[0]: request(r) for r in rows}
+    for changelog in (previous, changes):
+        restored = restore_state(changelog.items(), lambda t: t + 60_000, 3)
+        assert restored.requests.as_dict() == reference
+
+
 @pytest.mark.parametrize("version", [1, 2, 3])
 def test_a_segment_decodes_to_its_chunk(version: int) -> None:
     """A chunk written as a changelog segment (this format, or those of earlier
@@ -205,19 +248,7 @@ def test_a_segment_decodes_to_its_chunk(version: int) -> None:
     if version == 3:
         raw = segments.encode_segment(chunk)
     elif version == 2:
-        base = int(chunk.ts.min())
-        fixed = [chunk.ts - base, chunk.labels, chunk.randomized]
-        raw = segments._encode(
-            [
-                2,
-                [base, *(part for v in fixed for part in segments._packed(segments._fewest(v)))],
-                [
-                    segments._ids(chunk.ids),
-                    segments._ids(chunk.users),
-                    *(segments._lengths(c) for c in codes[2:]),
-                ],
-            ]
-        )
+        raw = format_2(chunk)
     else:
         fixed = [chunk.ts, chunk.labels, chunk.randomized]
         raw = segments._encode(
