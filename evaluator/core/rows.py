@@ -2,7 +2,8 @@
 
 A statistics row holds, per finalised request (and summed per group), a request
 count, an engaged-request count, per metric@K a sum and a sum of squares, the
-diversity and rank-biased-overlap sums with their own counts. Columns are
+diversity and rank-biased-overlap sums with their own counts, and (added per user,
+at exposure) the CUPED covariate's sum and users. Columns are
 named (``count``, ``sum:ndcg@10``, ``sq:mrr@20``, ``div_lists@10``, ...), so the
 stored layout is a list of names, not a position scheme.
 
@@ -27,6 +28,9 @@ FloatArray = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 
 COUNT, ENGAGED = "count", "engaged"
+COVARIATE = ("cuped_x", "cuped_users")
+"""The CUPED covariate's sum over exposed users and how many users have one (added
+per user at exposure, not per request: :mod:`evaluator.core.ab.cuped`)."""
 _MARKER = re.compile(r"^(count|engaged)#(\d+)$")
 
 
@@ -42,6 +46,7 @@ def fresh_columns(ks: Sequence[int], metrics: Sequence[str]) -> tuple[str, ...]:
         *(f"div_sum@{k}" for k in ks),
         "rbo_lists",
         "rbo_sum",
+        *COVARIATE,
     )
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from evaluator.core.rows import RowSchema, fresh_columns, widen
+from evaluator.core.rows import COVARIATE, RowSchema, fresh_columns, widen
 from evaluator.core.scoring import METRICS, RequestScores
 from evaluator.core.sketch import hash_strings
 
@@ -212,6 +212,7 @@ def contribution_rows(
             np.where(defined, diversity, 0.0),
             has_rbo.astype(np.float64)[:, None],
             np.where(has_rbo, overlap, 0.0)[:, None],
+            np.zeros((n, len(COVARIATE))),  # per exposed user, not per request
         ]
     )
     if schema is None:

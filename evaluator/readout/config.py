@@ -10,7 +10,7 @@ from typing import Any
 from evaluator.core.ab.readout import ReadoutRules
 from evaluator.core.experiments import Experiment
 from evaluator.core.metrics.registry import METRICS
-from evaluator.core.rows import column_map
+from evaluator.core.rows import COVARIATE, RowSchema, column_map
 from evaluator.core.windows import AggregateLayout
 
 
@@ -67,4 +67,14 @@ class ReadoutConfig:
             ab.min_users,
             ab.min_effective_buckets,
             {mk: layout.schema.denominator(*mk, policy) for mk in columns},
+            _covariate(layout.schema),
         )
+
+
+def _covariate(schema: RowSchema) -> tuple[int, int] | None:
+    """The CUPED covariate's columns, when the layout has them."""
+    names = set(schema.names)
+    if not all(name in names for name in COVARIATE):
+        return None
+    x, users = COVARIATE
+    return schema.index(x), schema.index(users)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from evaluator.core.ab.cuped import Moments, adjust, moments
 from evaluator.core.ab.stats import (
     RatioEstimate,
     SequentialTracker,
@@ -68,6 +69,9 @@ class ReadoutRules:
     denominators: Mapping[tuple[str, int], int] | None = None
     """(metric, k) -> row column its mean divides by, when not the layout's first
     requests (a metric added to stored state later: :mod:`evaluator.core.rows`)."""
+    covariate: tuple[int, int] | None = None
+    """Row columns of the CUPED covariate's sum and of the users it covers (None: no
+    CUPED readout; :mod:`evaluator.core.ab.cuped`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +94,8 @@ class Comparison:
     p_holm: float = math.nan
     """``p_sequential`` adjusted by Holm over the experiment's arms (same K and metric):
     the one to watch with several arms against one control."""
+    reduction: float = math.nan
+    """CUPED only: the share of the difference's variance the covariate removed."""
 
 
 @dataclass(slots=True)
@@ -104,6 +110,9 @@ class ExperimentReadout:
     srm_p_fixed: float
     """Chi-square, valid for one look (a whole file's replay)."""
     comparisons: list[Comparison] = field(default_factory=list)
+    cuped: list[Comparison] = field(default_factory=list)
+    """The same comparisons adjusted by the pre-exposure covariate (CUPED), when the
+    rules name its columns."""
     overlap: dict[tuple[str, int], float] = field(default_factory=dict)
     """Jaccard@K of each variant's and the control's recommended items, by (variant, K),
     where the reader has the item sets (replay; live it is per window)."""
@@ -167,8 +176,34 @@ def read_experiment(
                     v_est = _estimate(per[variant], col, over)
                     key = (experiment.name, variant, control, str(k), adjusted)
                     out.comparisons.append(_compare(key, (c_est, v_est), rules, tracker, reason))
+                    if rules.covariate is not None:
+                        pair = (
+                            _moments(per[control], col, over, rules.covariate),
+                            _moments(per[variant], col, over, rules.covariate),
+                        )
+                        out.cuped.append(_cuped(key, pair, rules, tracker, reason))
     out.comparisons = _with_holm(out.comparisons, len(others))
+    out.cuped = _with_holm(out.cuped, len(others))
     return out
+
+
+def _moments(per_bucket: FloatArray, col: int, denom: int, covariate: tuple[int, int]) -> Moments:
+    x, u = covariate
+    return moments(per_bucket[:, col], per_bucket[:, denom], per_bucket[:, x], per_bucket[:, u])
+
+
+def _cuped(
+    key: tuple[str, str, str, str, str],
+    pair: tuple[Moments, Moments],
+    rules: ReadoutRules,
+    tracker: SequentialTracker,
+    reason: str,
+) -> Comparison:
+    """The CUPED-adjusted comparison (its own running intersection: key + ``cuped``)."""
+    adjusted = adjust(*pair)
+    estimates = (adjusted.control, adjusted.variant)
+    compared = _compare((*key, "cuped"), estimates, rules, tracker, reason)
+    return dataclasses.replace(compared, reduction=adjusted.reduction)
 
 
 def _with_holm(comparisons: list[Comparison], arms: int) -> list[Comparison]:
@@ -188,7 +223,7 @@ def _with_holm(comparisons: list[Comparison], arms: int) -> list[Comparison]:
 
 
 def _compare(
-    key: tuple[str, str, str, str, str],
+    key: tuple[str, ...],
     estimates: tuple[RatioEstimate, RatioEstimate],
     rules: ReadoutRules,
     tracker: SequentialTracker,
@@ -196,7 +231,7 @@ def _compare(
 ) -> Comparison:
     """One comparison (``estimates``: control, variant). A non-empty ``reason``: the
     difference only, inference withheld and the look kept out of the intersection."""
-    _, variant, control, k, adjusted = key
+    _, variant, control, k, adjusted = key[:5]
     c_est, v_est = estimates
     if reason:
         nan = math.nan
