@@ -27,6 +27,7 @@ from evaluator.config import Settings, load_settings
 from evaluator.config.plain import readout_config, tasks_config
 from evaluator.core.ab.stats import SRM_CONCENTRATION
 from evaluator.engine.batches import PartitionBatch
+from evaluator.engine.ports import StateStore
 from evaluator.engine.tasks import Tasks
 from evaluator.readout.live import LiveReader
 from tests.livecheck import FakeClock
@@ -121,10 +122,13 @@ def deliver(tasks: Tasks, clock: FakeClock, hour: list[bytes], offsets: dict[str
         tasks.apply([batch], {})
 
 
-def live(settings: Settings) -> tuple[Tasks, FakeClock, CollectorRegistry]:
-    """One partition's engine on the embedded store, a wall clock that follows the data
-    (live traffic), and a registry holding the exporter's collector."""
-    store = MemoryStore(settings.layout(1))
+def live(
+    settings: Settings, store: StateStore | None = None
+) -> tuple[Tasks, FakeClock, CollectorRegistry]:
+    """One partition's engine on ``store`` (default: the embedded one), a wall clock
+    that follows the data (live traffic), and a registry holding the exporter's
+    collector."""
+    store = store or MemoryStore(settings.layout(1))
     clock = FakeClock(T0)
     tasks = Tasks(store, tasks_config(settings, 1), clock_ms=clock)
     tasks.assign([0])

@@ -24,7 +24,11 @@ from evaluator.core.propensity.estimation import (
 )
 from evaluator.core.windows import AggregateLayout, expand_shards
 from evaluator.engine.checkpoint import Checkpoint, Delta, Marks, Outcome
-from evaluator.engine.commit_payload import experiment_increments, merge_increments
+from evaluator.engine.commit_payload import (
+    covariate_increments,
+    experiment_increments,
+    merge_increments,
+)
 from evaluator.engine.ports import FloatArray
 
 
@@ -151,6 +155,7 @@ class MemoryStore:
             written: dict[int, int] = {}
             for key, block in merge_increments(
                 [experiment_increments(done, self.layout) for done in delta.finalised]
+                + [covariate_increments(delta.covariates, self.layout)]
             ).items():
                 found = self._experiments.get((key, partition))
                 self._experiments[(key, partition)] = block if found is None else found + block

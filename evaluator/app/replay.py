@@ -175,7 +175,9 @@ def evaluate_files(
         )
         setlevel = side.result()
         duplicates = requests.duplicates + attribution.duplicates
-        model = read_file(scored, readout, setlevel, experiment_readouts(scored, readout))
+        relevant = (attribution.relevant_user, attribution.relevant_ms)
+        ab = experiment_readouts(scored, readout, relevant)
+        model = read_file(scored, readout, setlevel, ab)
         report = build_report(model, attribution.outcomes, duplicates, counts, readout)
         report["settings"]["now"] = format_instant_ms(now_ms)
         report["settings"]["max_future"] = settings.event_time.max_future

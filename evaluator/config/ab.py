@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
+from evaluator.core.ab.cuped import DAY_MS
 from evaluator.core.experiments import Experiment, experiments_from
 from evaluator.core.timeutil import setting_instant_ms, setting_ms
 
@@ -73,6 +74,10 @@ class ABSettings(msgspec.Struct, forbid_unknown_fields=True):
     """No longer used: exposed users are kept for the experiment's life, 8 bytes each
     (see docs/statistics.md). Accepted so that older configuration files still load; a
     value other than 0 is reported at start-up."""
+    cuped_lookback: str | int = "14d"
+    """CUPED's pre-exposure period: a user's covariate is their count of relevant
+    interactions on the whole days of this span before the day of their exposure
+    (rounded down to days; 0: no CUPED readout). See docs/statistics.md."""
     min_effective_buckets: float = 16.0
     """... nor while the arm's requests sit in fewer effective user buckets than this
     ((Σ n_b)² / Σ n_b²: a few heavy users dominating makes the variance unreliable)."""
@@ -93,6 +98,13 @@ class ABSettings(msgspec.Struct, forbid_unknown_fields=True):
             raise ValueError(f"max_variants must be in 1..{MAX_VARIANTS} (a label's values)")
         _check_split(self.split)
         setting_ms("exposure_ttl", self.exposure_ttl)
+        lookback = setting_ms("cuped_lookback", self.cuped_lookback)
+        if lookback and lookback < DAY_MS:
+            raise ValueError("cuped_lookback must be 0 or at least 1d (whole days)")
+
+    def cuped_lookback_days(self) -> int:
+        """Whole days of CUPED's pre-exposure period (0: none)."""
+        return setting_ms("cuped_lookback", self.cuped_lookback) // DAY_MS
 
     def deprecated(self) -> list[str]:
         """What in these settings is accepted but no longer used, one line each."""

@@ -23,6 +23,7 @@ def engine_config(
         shadow_of=settings.ab.control,
         finalised_ttl_ms=settings.engine.ttl_s("finalised_ttl") * 1000,
         experiments=settings.ab.experiment_list(),
+        cuped_lookback_days=settings.ab.cuped_lookback_days(),
         inputs=("impressions", "interactions")
         if settings.kafka.partitioner == "trust"
         else ("impressions", "interactions", "repartition"),
@@ -85,7 +86,13 @@ def readout_config(settings: Settings) -> ReadoutConfig:
         control=ab.control,
         window_labels=_window_labels(settings),
         experiments=ab.experiment_list(),
-        ab=ABRules(ab.alpha, ab.tuning, ab.min_users, ab.min_effective_buckets),
+        ab=ABRules(
+            ab.alpha,
+            ab.tuning,
+            ab.min_users,
+            ab.min_effective_buckets,
+            ab.cuped_lookback_days(),
+        ),
         propensity=(p.positions, p.min_clicks) if p.collect else None,
         described=_described(settings),
     )

@@ -46,6 +46,8 @@ class Delta:
     """Wall clock of the latest event this partition forwarded, if any."""
     exposures: dict[str, int] = field(default_factory=dict)
     """Users first exposed in this batch, per ``experiment US variant``."""
+    covariates: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    """Of those, (user, CUPED covariate) for the users who have one."""
 
 
 class Outcome(enum.Enum):

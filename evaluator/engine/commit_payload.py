@@ -21,8 +21,9 @@ import numpy.typing as npt
 from evaluator.core.experiments import SEP
 from evaluator.core.finalise import Finalised
 from evaluator.core.propensity.estimation import Observation, counter_day, increments
+from evaluator.core.rows import COVARIATE
 from evaluator.core.sketch import U64
-from evaluator.core.windows import AggregateLayout, block_ttl_s
+from evaluator.core.windows import AggregateLayout, block_ttl_s, partition_user_buckets
 
 FloatArray = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -69,6 +70,22 @@ def experiment_increments(finalised: Finalised, layout: AggregateLayout) -> dict
             mine = rows[variants[rows] == variant]
             block = out.setdefault(name + SEP + variant, np.zeros(layout.block_shape))
             np.add.at(block, (finalised.cohort[mine], local[mine]), finalised.rows[mine])
+    return out
+
+
+def covariate_increments(
+    covariates: dict[str, list[tuple[str, int]]], layout: AggregateLayout
+) -> dict[str, FloatArray]:
+    """Per ``experiment US variant``, the block that newly exposed users' CUPED
+    covariates add (cohort 0, their local user bucket, the covariate's sum and users):
+    per user, where :func:`experiment_increments` adds per request."""
+    out: dict[str, FloatArray] = {}
+    x, users = (layout.schema.index(name) for name in COVARIATE)
+    for key, pairs in covariates.items():
+        local = partition_user_buckets([u for u, _ in pairs], layout, 0) // layout.shards
+        block = out[key] = np.zeros(layout.block_shape)
+        np.add.at(block[0, :, x], local, np.asarray([v for _, v in pairs], dtype=np.float64))
+        np.add.at(block[0, :, users], local, 1.0)
     return out
 
 

@@ -20,14 +20,16 @@ from typing import Any
 
 import numpy as np
 
+from evaluator.core.ab.cuped import DAY_MS
 from evaluator.core.due import Due, PendingInteraction
 from evaluator.core.events import ImpressionBatch, InteractionBatch
-from evaluator.core.experiments import SEP, Experiment, experiment_rows
+from evaluator.core.experiments import Experiment, experiment_rows
 from evaluator.core.finalise import (
     FinaliseConfig,
     Finalised,
     finalise,
 )
+from evaluator.engine import activity
 from evaluator.engine.contexts import due_contexts, named_columns
 from evaluator.engine.markers import Markers
 from evaluator.engine.plan import EngineConfig
@@ -65,6 +67,8 @@ class StepCounts:
     outcomes: Counter[str] = field(default_factory=Counter)
     exposures: Counter[str] = field(default_factory=Counter)
     """Users first exposed, per ``experiment US variant``."""
+    covariates: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    """Of those, (user, CUPED covariate) for the users who have one."""
 
 
 class _Late:
@@ -120,6 +124,7 @@ class PartitionEngine:
         self.partition = partition
         self.config = config
         self.state = state or PartitionState(history_cap=config.history_cap)
+        self.state.lookback_days = config.cuped_lookback_days
         self.watermark_ms = watermark_ms
         """Never moves back; None until every input has delivered (or gone idle)."""
         self.own_ms: int | None = watermark_ms
@@ -169,22 +174,10 @@ class PartitionEngine:
             new = [events[n] for n in kept]
             times = [impressions.timestamp_ms[n] for n in kept]
             for experiment in experiments:
-                self._expose(experiment, new, times)
+                activity.expose(state, experiment, new, times, counts)
         spans = impressions.items
         items = None if spans is None else spans.take(np.asarray(kept, dtype=np.int64))
         state.add_requests(list(fresh.values()), delay, items)
-
-    def _expose(self, experiment: Experiment, events: list[Any], times: list[int]) -> None:
-        """Count the users first exposed to an experiment by new requests, per variant."""
-        includes = experiment.includes
-        included = [e for e, t in zip(events, times, strict=True) if includes(e.variant, t)]
-        if not included:
-            return
-        first = self.state.expose(experiment.name, [e.user_id for e in included])
-        exposures = self.counts.exposures
-        for event, new in zip(included, first, strict=True):
-            if new:
-                exposures[experiment.name + SEP + event.variant] += 1
 
     def _ingest_interactions(self, interactions: InteractionBatch) -> None:
         state, counts = self.state, self.counts
@@ -377,6 +370,7 @@ class PartitionEngine:
         last = self._history_swept_ms
         if last is None or watermark - last >= ttl // 10:  # also once after every load
             self.state.drop_history_before(watermark - ttl)
+            self.state.drop_activity_before(watermark // DAY_MS - self.state.lookback_days)
             self._history_swept_ms = watermark
 
     # --- checkpointing ----------------------------------------------------------

@@ -35,6 +35,8 @@ class EngineConfig:
     goes idle."""
     experiments: tuple[Experiment, ...] = ()
     """Experiments whose exposures (a user's first impression) are recorded."""
+    cuped_lookback_days: int = 0
+    """Whole days of each user's activity kept for the CUPED covariate (0: none)."""
     eager: tuple[str, ...] = ("repartition",)
     """Inputs idle as soon as they are confirmed at their end: the repartition topic
     only carries events forwarded by other partitions, usually none."""

@@ -29,9 +29,12 @@ class UserState:
     active_ms: int = 0
     """The first relevant interaction of the user's latest active day: the history
     expires a TTL after it."""
+    days: list[int] = field(default_factory=list)
+    """Relevant interactions per day, flat (day, count) pairs over the CUPED lookback
+    (:mod:`evaluator.engine.activity`)."""
 
     def empty(self) -> bool:
-        return not (self.loose or self.history)
+        return not (self.loose or self.history or self.days)
 
 
 def impression_row(

@@ -63,6 +63,8 @@ def restore_state(
             state.user(key).history = [(t, e) for t, e in _decode(raw)]
         elif kind == "a":
             state.user(key).active_ms = _decode(raw)
+        elif kind == "u":
+            state.user(key).days = list(_decode(raw))
         elif kind == "f":
             fielded.append((key, _decode(raw)))
         elif kind in "ve":

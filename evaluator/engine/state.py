@@ -8,7 +8,7 @@ finalised or counted late (so a redelivery is a duplicate, not new). Pure: no I/
 
 Every change is recorded as a field of the partition's changelog
 (``t:<n>``, ``c:<n>``, ``w:``, ``j:<n>``, ``g:<n>``, ``m:``, ``k:``,
-``i:<event>``, ``l:<event>``, ``h:<user>``, ``a:<user>``, ``x:<event>``,
+``i:<event>``, ``l:<event>``, ``h:<user>``, ``a:<user>``, ``u:<user>``, ``x:<event>``,
 ``v:<n>``), with the field's new encoded value or ``None`` for a
 deletion. A store keeps those fields as one hash per partition: the hash *is* the
 compacted changelog, and
@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from evaluator.core.due import PendingInteraction
 from evaluator.core.tokens import Spans
-from evaluator.engine import request_log
+from evaluator.engine import activity, request_log
 from evaluator.engine.chunks import Chunk, Row
 from evaluator.engine.columns import OpenTable, Places
 from evaluator.engine.exposures import Exposures
@@ -64,6 +64,8 @@ class PartitionState:
     """The join state of one partition, recording every change in :attr:`changes`."""
 
     history_cap: int = 3
+    lookback_days: int = 0
+    """Days of each user's activity kept for CUPED (0: none kept)."""
     requests: OpenTable = field(default_factory=OpenTable)
     """The open requests, as columns (final once the watermark passes their
     impression time plus :attr:`delay_ms`)."""
@@ -123,6 +125,8 @@ class PartitionState:
     state written before the field, judged with :attr:`delay_ms`). A new owner judges
     a segment's row final by it, so a change of the deadline settings between owners
     (``allowed_lateness``, the attribution window, the skew) loses no open request."""
+    counted: set[str] = field(default_factory=set)
+    """Users whose activity changed since the last flush (``u:`` fields)."""
     markers: Markers = field(init=False)
     """The finalised markers (they record their changes here)."""
     exposed: Exposures = field(init=False)
@@ -192,7 +196,9 @@ class PartitionState:
 
     def add_histories(self, relevant: Sequence[tuple[str, str, int]]) -> None:
         """:meth:`add_history` of a batch's relevant interactions (user, event, time), in
-        order: each user's changed history is encoded once."""
+        order: each user's changed history is encoded once; their activity is counted."""
+        if self.lookback_days:
+            activity.count(self.users, self.counted, relevant, self.lookback_days)
         cap = self.history_cap
         if cap <= 0:
             return
@@ -341,10 +347,15 @@ class PartitionState:
                 self.changes["a:" + uid] = None
                 self._drop_if_empty(uid, user)
 
+    def drop_activity_before(self, day: int) -> None:
+        """Forget activity before ``day``, and the users left with nothing."""
+        for uid in activity.expire(self.users, self.counted, day):
+            del self.users[uid]
+
     def unwritten(self) -> int:
         """Changelog fields and segment rows waiting for the next flush."""
         pending = self.markers.pending() + self.exposed.pending()
-        return len(self.changes) + len(self.fresh) + len(self.waiting) + pending
+        return len(self.changes) + len(self.fresh) + len(self.waiting) + len(self.counted) + pending
 
     def flush(self) -> Changes:
         """The changes since the last flush (and forget them); requests opened since then
@@ -356,6 +367,7 @@ class PartitionState:
             request_log.write_fresh(self, out)
         self.fresh, self.fresh_chunks = set(), []
         request_log.write_book(self, out)
+        activity.write(self.users, self.counted, out)
         if self.waiting:
             self._write_waiting(out)
         self.markers.write(out, self.segment_rows)

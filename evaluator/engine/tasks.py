@@ -332,6 +332,7 @@ class Tasks:
             engine.own_ms,
             owned.forwarded_ms,
             dict(counts.exposures),
+            counts.covariates,
         )
         seq, owned.seq = owned.seq, owned.seq + 1  # the next write follows this one
         owned.written_marks = (engine.watermark_ms, engine.own_ms)

@@ -15,26 +15,55 @@ from typing import Any
 
 import numpy as np
 
-from evaluator.core.ab.readout import ExperimentReadout, read_experiment
+from evaluator.core.ab.cuped import pre_exposure_counts
+from evaluator.core.ab.readout import Comparison, ExperimentReadout, read_experiment
 from evaluator.core.ab.stats import SequentialTracker
 from evaluator.core.batch import ScoredRequests
+from evaluator.core.rows import COVARIATE
 from evaluator.core.windows import contribution_rows, user_buckets
 from evaluator.readout.config import ReadoutConfig
 
 
-def _first_exposures(users: list[str], variants: list[str], rows: list[int]) -> dict[str, int]:
-    """Users per variant of their first request among ``rows`` (file order)."""
-    seen: dict[str, str] = {}
+def _first_exposures(users: list[str], rows: list[int]) -> list[int]:
+    """Each user's first request among ``rows`` (file order): their exposure."""
+    seen: dict[str, int] = {}
     for i in rows:
-        seen.setdefault(users[i], variants[i])
-    counts: dict[str, int] = {}
-    for variant in seen.values():
-        counts[variant] = counts.get(variant, 0) + 1
-    return counts
+        seen.setdefault(users[i], i)
+    return list(seen.values())
 
 
-def experiment_readouts(scored: ScoredRequests, config: ReadoutConfig) -> list[ExperimentReadout]:
-    """Each configured experiment (or ``default``) read once over the files."""
+def _covariates(
+    blocks: dict[str, Any],
+    first: list[int],
+    context: tuple[list[str], list[str], Any, Any],
+    relevant: tuple[list[str], list[int]],
+    config: ReadoutConfig,
+) -> None:
+    """Add the exposed users' CUPED covariates to their variant's block, as the live
+    engine adds them at each user's exposure (:mod:`evaluator.engine.activity`)."""
+    users, variants, times, bucket = context
+    days = config.ab.cuped_lookback_days
+    if not days or not first:
+        return
+    x_col, users_col = (config.layout.schema.index(name) for name in COVARIATE)
+    exposed = np.asarray(first, dtype=np.int64)
+    counts = pre_exposure_counts(
+        [users[i] for i in first], times[exposed], relevant[0], np.asarray(relevant[1]), days
+    )
+    for i, x in zip(first, counts.tolist(), strict=True):
+        if x and variants[i] in blocks:
+            block = blocks[variants[i]]
+            block[0, bucket[i], x_col] += x
+            block[0, bucket[i], users_col] += 1
+
+
+def experiment_readouts(
+    scored: ScoredRequests,
+    config: ReadoutConfig,
+    relevant: tuple[list[str], list[int]] = ([], []),
+) -> list[ExperimentReadout]:
+    """Each configured experiment (or ``default``) read once over the files;
+    ``relevant``: every relevant interaction's user and time (CUPED's covariates)."""
     events = scored.requests.events
     users = [e.user_id for e in events]
     variants = [scored.variant_names[c] for c in scored.variant.tolist()]
@@ -54,7 +83,11 @@ def experiment_readouts(scored: ScoredRequests, config: ReadoutConfig) -> list[E
             block = np.zeros((1, layout.user_buckets, rows.shape[1]))
             np.add.at(block[0], bucket[picked], rows[picked])
             blocks[scored.variant_names[code]] = block
-        exposed = _first_exposures(users, variants, mine.tolist())
+        first = _first_exposures(users, mine.tolist())
+        exposed: dict[str, int] = {}
+        for i in first:
+            exposed[variants[i]] = exposed.get(variants[i], 0) + 1
+        _covariates(blocks, first, (users, variants, times, bucket), relevant, config)
         tracker = SequentialTracker()
         readout = read_experiment(experiment, blocks, exposed, rules, tracker)
         readout.overlap = _overlap(scored, mine, readout.control, layout.ks)
@@ -109,24 +142,26 @@ def ab_json(readouts: list[ExperimentReadout]) -> dict[str, Any]:
                 variant: {str(k): j for (v, k), j in r.overlap.items() if v == variant}
                 for variant in sorted({v for v, _ in r.overlap})
             },
-            "comparisons": [
-                {
-                    "variant": c.variant,
-                    "k": c.k,
-                    "adjusted": c.adjusted == "true",
-                    "diff": _num(c.diff),
-                    "lower": _num(c.lower),
-                    "upper": _num(c.upper),
-                    "p_sequential": _num(c.p_sequential),
-                    "p_holm": _num(c.p_holm),
-                    "p_fixed": _num(c.p_fixed),
-                    "ready": c.ready,
-                    "reason": c.reason,
-                }
-                for c in r.comparisons
-            ],
+            "comparisons": [_comparison(c) for c in r.comparisons],
+            "cuped": [{**_comparison(c), "variance_reduction": _num(c.reduction)} for c in r.cuped],
         }
         for r in readouts
+    }
+
+
+def _comparison(c: Comparison) -> dict[str, Any]:
+    return {
+        "variant": c.variant,
+        "k": c.k,
+        "adjusted": c.adjusted == "true",
+        "diff": _num(c.diff),
+        "lower": _num(c.lower),
+        "upper": _num(c.upper),
+        "p_sequential": _num(c.p_sequential),
+        "p_holm": _num(c.p_holm),
+        "p_fixed": _num(c.p_fixed),
+        "ready": c.ready,
+        "reason": c.reason,
     }
 
 
@@ -138,6 +173,10 @@ def _p(value: float | None) -> str:
     if value is not None and value < 1e-4:
         return "< 0.0001"
     return _f(value)
+
+
+def _share(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.0f}%"
 
 
 def ab_lines(ab: dict[str, Any], k: int) -> list[str]:
@@ -165,4 +204,11 @@ def ab_lines(ab: dict[str, Any], k: int) -> list[str]:
                 f"[{_f(c['lower'])}, {_f(c['upper'])}], p sequential {_p(c['p_sequential'])}, "
                 f"fixed {_p(c['p_fixed'])}{overlap}"
             )
+            for a in block.get("cuped", []):
+                if (a["variant"], a["k"], a["adjusted"]) == (c["variant"], k, False):
+                    lines.append(
+                        f"    CUPED: diff {_f(a['diff'])} [{_f(a['lower'])}, {_f(a['upper'])}], "
+                        f"p sequential {_p(a['p_sequential'])}, "
+                        f"{_share(a['variance_reduction'])} of the variance removed"
+                    )
     return lines

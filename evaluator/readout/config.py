@@ -22,6 +22,8 @@ class ABRules:
     tuning: float = 5000.0
     min_users: int = 1000
     min_effective_buckets: float = 16.0
+    cuped_lookback_days: int = 14
+    """CUPED's pre-exposure days (``ab.cuped_lookback``; 0: no CUPED readout)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +69,7 @@ class ReadoutConfig:
             ab.min_users,
             ab.min_effective_buckets,
             {mk: layout.schema.denominator(*mk, policy) for mk in columns},
-            _covariate(layout.schema),
+            _covariate(layout.schema) if ab.cuped_lookback_days else None,
         )
 
 

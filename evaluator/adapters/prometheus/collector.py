@@ -17,7 +17,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from evaluator.adapters.prometheus.families import Families, new_families
-from evaluator.core.ab.readout import ExperimentReadout
+from evaluator.core.ab.readout import Comparison, ExperimentReadout
 from evaluator.core.metrics.registry import REGISTRY
 from evaluator.core.propensity.estimation import Estimate
 from evaluator.readout.live import LiveReader
@@ -139,6 +139,7 @@ def _experiment(fam: Families, readout: ExperimentReadout) -> None:
         fam.add("recsys_eval_ab_p_value", {**labels, "method": "sequential"}, c.p_sequential)
         fam.add("recsys_eval_ab_p_value", {**labels, "method": "fixed"}, c.p_fixed)
         fam.add("recsys_eval_ab_p_value", {**labels, "method": "holm"}, c.p_holm)
+        _cuped(fam, labels, readout.cuped, c)
         if c.variant not in ready:
             ready.add(c.variant)
             fam.add(
@@ -146,6 +147,21 @@ def _experiment(fam: Families, readout: ExperimentReadout) -> None:
                 {"experiment": name, "variant": c.variant, "control": c.control},
                 float(c.ready),
             )
+
+
+def _cuped(fam: Families, labels: dict[str, str], cuped: list[Comparison], c: Comparison) -> None:
+    """The CUPED-adjusted twin of comparison ``c``, if the readout has one."""
+    twin = next(
+        (a for a in cuped if (a.variant, a.k, a.adjusted) == (c.variant, c.k, c.adjusted)), None
+    )
+    if twin is None:
+        return
+    for suffix, value in (("", twin.diff), ("_lower", twin.lower), ("_upper", twin.upper)):
+        fam.add("recsys_eval_ab_cuped_ndcg_diff" + suffix, labels, value)
+    for method, p in (("sequential", twin.p_sequential), ("fixed", twin.p_fixed)):
+        fam.add("recsys_eval_ab_cuped_p_value", {**labels, "method": method}, p)
+    fam.add("recsys_eval_ab_cuped_p_value", {**labels, "method": "holm"}, twin.p_holm)
+    fam.add("recsys_eval_ab_cuped_variance_reduction", labels, twin.reduction)
 
 
 def _propensity(fam: Families, estimates: Mapping[str, Estimate]) -> None:

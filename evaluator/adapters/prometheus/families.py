@@ -133,6 +133,25 @@ def new_families() -> Families:
         "the one to watch with several; fixed is valid for a single look only).",
         [*ab, "method"],
     )
+    for suffix, text in (
+        (
+            "",
+            "Variant minus control, mean nDCG@K since the experiment's start, adjusted "
+            "by the users' pre-exposure activity (CUPED): the same effect, less noise.",
+        ),
+        ("_lower", "Lower always-valid bound (1 - ab.alpha) of the CUPED-adjusted difference."),
+        ("_upper", "Upper always-valid bound (1 - ab.alpha) of the CUPED-adjusted difference."),
+    ):
+        spec["recsys_eval_ab_cuped_ndcg_diff" + suffix] = (text, ab)
+    spec["recsys_eval_ab_cuped_p_value"] = (
+        "p-value of the CUPED-adjusted difference (methods as recsys_eval_ab_p_value).",
+        [*ab, "method"],
+    )
+    spec["recsys_eval_ab_cuped_variance_reduction"] = (
+        "Share of the difference's variance that CUPED removed (1 - adjusted / unadjusted "
+        "variance; the users needed for the same interval shrink by as much).",
+        ab,
+    )
     for metric in REGISTRY:  # the ranking metrics' window means
         if metric.family is not None:
             labels = ["variant", "k", "window", *(name for name, _ in metric.labels), "cohort"]

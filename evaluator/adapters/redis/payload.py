@@ -15,6 +15,7 @@ from evaluator.core.windows import AggregateLayout
 from evaluator.engine.checkpoint import Delta
 from evaluator.engine.commit_payload import (
     block_increments,
+    covariate_increments,
     experiment_increments,
     merge_increments,
     propensity_increments,
@@ -85,7 +86,10 @@ def checkpoint_args(delta: Delta, layout: AggregateLayout) -> CheckpointArgs:
     deleted = [k for k, v in delta.changes.items() if v is None]
     meta = _meta(delta)
     counters = [x for k, v in delta.counters.items() if v for x in (k, v)]
-    cumulative = merge_increments([experiment_increments(done, layout) for done in delta.finalised])
+    cumulative = merge_increments(
+        [experiment_increments(done, layout) for done in delta.finalised]
+        + [covariate_increments(delta.covariates, layout)]
+    )
     exposures = [x for k, v in delta.exposures.items() if v for x in (k, v)]
     payload: tuple[Any, ...] = (
         [],

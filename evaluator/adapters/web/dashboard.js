@@ -99,7 +99,7 @@ function drawAb(snaps) {
   // the y-axis follows the recent band (the newer half of the history), not the
   // first wide intervals of a young experiment
   const values = [0];
-  for (const s of snaps.slice(Math.floor(snaps.length / 2))) for (const k of keys) { const a = s.ab[k]; if (a) values.push(a.diff, a.lower ?? a.diff, a.upper ?? a.diff); }
+  for (const s of snaps.slice(Math.floor(snaps.length / 2))) for (const k of keys) { const a = s.ab[k]; if (a) values.push(a.diff, a.lower ?? a.diff, a.upper ?? a.diff, a.cuped_lower ?? a.diff, a.cuped_upper ?? a.diff); }
   const times = snaps.map((s) => s.t);
   const yr = range(values.filter(isFinite), 0.1);
   const { sx, sy } = frame(svg, [Math.min(...times), Math.max(...times)], yr, clock, fixed(decimals(...yr)));
@@ -113,12 +113,21 @@ function drawAb(snaps) {
       const upper = band.map(([t, a]) => [t, a.upper]), lower = band.map(([t, a]) => [t, a.lower]).reverse();
       el("path", { d: path(upper.concat(lower), sx, sy) + "Z", fill: color, opacity: 0.15, class: "band" }, svg);
     }
+    // the CUPED-adjusted band: outlined, inside the unadjusted one when the covariate helps
+    const cuped = pts.filter(([, a]) => a.cuped_lower !== undefined && a.cuped_upper !== undefined);
+    if (cuped.length) {
+      const upper = cuped.map(([t, a]) => [t, a.cuped_upper]), lower = cuped.map(([t, a]) => [t, a.cuped_lower]).reverse();
+      el("path", { d: path(upper.concat(lower), sx, sy) + "Z", fill: color, opacity: 0.3, stroke: color, "stroke-dasharray": "4 2", class: "band cuped" }, svg);
+    }
     el("path", { d: path(pts.map(([t, a]) => [t, a.diff]), sx, sy), fill: "none", stroke: color, "stroke-width": 2, class: "series diff" }, svg);
     const a = pts[pts.length - 1][1];
     const lo = a.lower === undefined ? "…" : a.lower.toFixed(4), hi = a.upper === undefined ? "…" : a.upper.toFixed(4);
     const verdict = a.lower === undefined ? "too early to tell" : a.lower > 0 ? "better" : a.upper < 0 ? "worse" : "not yet decided";
     const p = a.p === undefined ? "" : `, sequential p ${a.p < 0.001 ? a.p.toExponential(1) : a.p.toFixed(3)}`;
-    lines.push(`${k}: ${a.diff.toFixed(4)} [${lo}, ${hi}]${p} — ${verdict}`);
+    const adjusted = a.cuped_lower === undefined ? "" :
+      `; CUPED ${a.cuped_diff.toFixed(4)} [${a.cuped_lower.toFixed(4)}, ${a.cuped_upper.toFixed(4)}]` +
+      (a.cuped_reduction === undefined ? "" : `, ${Math.round(100 * a.cuped_reduction)}% less variance`);
+    lines.push(`${k}: ${a.diff.toFixed(4)} [${lo}, ${hi}]${p}${adjusted} — ${verdict}`);
   });
   text.textContent = lines.join("  ·  ");
 }

@@ -126,6 +126,21 @@ class DashboardHistory:
                 continue
             key = f"{readout.name}: {c.variant} - {c.control}"
             parts = {"diff": c.diff, "lower": c.lower, "upper": c.upper, "p": c.p_holm}
+            twin = next(
+                (
+                    a
+                    for a in readout.cuped
+                    if (a.variant, a.k, a.adjusted) == (c.variant, c.k, c.adjusted)
+                ),
+                None,
+            )
+            if twin is not None:  # the CUPED-adjusted band beside it
+                parts |= {
+                    "cuped_diff": twin.diff,
+                    "cuped_lower": twin.lower,
+                    "cuped_upper": twin.upper,
+                    "cuped_reduction": twin.reduction,
+                }
             for part, value in parts.items():
                 if math.isfinite(value):
                     snap["ab"].setdefault(key, {})[part] = value

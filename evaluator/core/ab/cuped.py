@@ -24,6 +24,7 @@ always-valid tests as the unadjusted ones.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +33,58 @@ import numpy.typing as npt
 from evaluator.core.ab.stats import RatioEstimate
 
 FloatArray = npt.NDArray[np.float64]
+
+DAY_MS = 86_400_000
+
+
+def count_day(days: list[int], day: int, keep_days: int) -> None:
+    """Add one relevant interaction on ``day`` to a user's activity (flat ``(day,
+    count)`` pairs, days ascending) and drop the days more than ``keep_days`` before
+    it: all a pre-exposure count can still use."""
+    if days and days[-2] == day:
+        days[-1] += 1
+    else:
+        at = len(days)
+        while at and days[at - 2] > day:  # an older day than the latest: rare
+            at -= 2
+        if at and days[at - 2] == day:
+            days[at - 1] += 1
+        else:
+            days[at:at] = [day, 1]
+    first = days[-2] - keep_days
+    if days[0] < first:
+        cut = 0
+        while cut < len(days) and days[cut] < first:
+            cut += 2
+        del days[:cut]
+
+
+def pre_exposure(days: Sequence[int], exposure_ms: int, lookback_days: int) -> int:
+    """The covariate of a user exposed at ``exposure_ms``: their relevant interactions on
+    the ``lookback_days`` whole days before the exposure's day (that day excluded, so
+    nothing after the exposure counts, whatever order events arrive in)."""
+    day = exposure_ms // DAY_MS
+    return sum(days[i + 1] for i in range(0, len(days), 2) if day - lookback_days <= days[i] < day)
+
+
+def pre_exposure_counts(
+    exposed: Sequence[str],
+    exposure_ms: npt.NDArray[np.int64],
+    relevant_users: Sequence[str],
+    relevant_ms: npt.NDArray[np.int64],
+    lookback_days: int,
+) -> npt.NDArray[np.int64]:
+    """:func:`pre_exposure` of many users at once, from every relevant interaction
+    (user, time) as columns: replay's covariates, equal to the live engine's."""
+    codes: dict[str, int] = {}
+    user = np.fromiter((codes.setdefault(u, len(codes)) for u in relevant_users), np.int64)
+    mine = np.fromiter((codes.get(u, -1) for u in exposed), np.int64, len(exposed))
+    shift = np.int64(1 << 24)  # days since 1970 stay far below 2**24
+    keys = np.sort(user * shift + np.asarray(relevant_ms, dtype=np.int64) // DAY_MS)
+    day = np.asarray(exposure_ms, dtype=np.int64) // DAY_MS
+    upto = np.searchsorted(keys, mine * shift + day)
+    since = np.searchsorted(keys, mine * shift + day - lookback_days)
+    return np.where(mine >= 0, upto - since, 0).astype(np.int64)
 
 
 @dataclass(frozen=True, slots=True)

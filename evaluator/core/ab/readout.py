@@ -181,7 +181,8 @@ def read_experiment(
                             _moments(per[control], col, over, rules.covariate),
                             _moments(per[variant], col, over, rules.covariate),
                         )
-                        out.cuped.append(_cuped(key, pair, rules, tracker, reason))
+                        if pair[0].users + pair[1].users > 0:  # else no one has a covariate
+                            out.cuped.append(_cuped(key, pair, rules, tracker, reason))
     out.comparisons = _with_holm(out.comparisons, len(others))
     out.cuped = _with_holm(out.cuped, len(others))
     return out
