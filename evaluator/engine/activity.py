@@ -1,10 +1,17 @@
-"""Each user's recent relevant interactions by day: the CUPED covariate's source.
+"""Each user's relevant interactions by day, and the CUPED covariate of each exposure.
 
 A user's activity is flat ``(day, count)`` pairs (:func:`evaluator.core.ab.cuped.count_day`)
-over the last ``lookback`` days, kept on their :class:`~evaluator.engine.records.UserState`
-and written as changelog field ``u:<user>`` once per checkpoint for the users whose
-activity changed. :func:`expose` reads it at a user's exposure
-(:func:`evaluator.core.ab.cuped.pre_exposure`).
+on their :class:`~evaluator.engine.records.UserState`, written as changelog field
+``u:<user>`` once per checkpoint for the users whose activity changed, and dropped
+once the watermark is ``lookback`` days past it.
+
+A first exposure's covariate (:func:`evaluator.core.ab.cuped.pre_exposure`: the
+activity on the whole days before the exposure's day) is read once the watermark has
+reached that day: every interaction before it has then come (a later one is late), so
+the covariate does not depend on how far one topic's consumption ran ahead of the
+other's, and replay, which reads whole files, finds the same. Until then the exposure
+waits in the partition's pending list (changelog field ``p:``), usually for the few
+seconds of out-of-orderness after midnight, or while the interactions lag behind.
 """
 
 from __future__ import annotations
@@ -20,33 +27,39 @@ if TYPE_CHECKING:
     from evaluator.engine.partition import StepCounts
     from evaluator.engine.state import PartitionState
 
+Covariates = dict[str, list[tuple[str, int]]]
+"""Per ``experiment US variant``: (user, covariate) of the users exposed who have one."""
+
 
 def count(
-    users: dict[str, UserState],
-    changed: set[str],
-    relevant: Sequence[tuple[str, str, int]],
-    lookback_days: int,
+    users: dict[str, UserState], changed: set[str], relevant: Sequence[tuple[str, str, int]]
 ) -> None:
     """Count a batch's relevant interactions (user, event, time) on their users' days."""
     for user_id, _, timestamp_ms in relevant:
         user = users.get(user_id)
         if user is None:
             user = users[user_id] = UserState()
-        count_day(user.days, timestamp_ms // DAY_MS, lookback_days)
+        count_day(user.days, timestamp_ms // DAY_MS)
         changed.add(user_id)
 
 
-def write(users: dict[str, UserState], changed: set[str], out: dict[str, bytes | None]) -> None:
-    """The changed users' activity as changelog fields (deleted when none is left)."""
-    for user_id in changed:
+def write(state: PartitionState, out: dict[str, bytes | None]) -> None:
+    """The changed users' activity (deleted when none is left) and the pending list,
+    as changelog fields."""
+    users = state.users
+    for user_id in state.counted:
         user = users.get(user_id)
         out["u:" + user_id] = encode(user.days) if user is not None and user.days else None
-    changed.clear()
+    state.counted.clear()
+    if state.pending_changed:
+        out["p:"] = encode(state.pending) if state.pending else None
+        state.pending_changed = False
 
 
-def expire(users: dict[str, UserState], changed: set[str], before_day: int) -> list[str]:
-    """Drop every day before ``before_day``; returns the users left with nothing."""
-    emptied = []
+def expire(state: PartitionState, before_day: int) -> None:
+    """Drop every day of activity before ``before_day``, and the users left with
+    nothing."""
+    users, emptied = state.users, []
     for user_id, user in users.items():
         days = user.days
         if days and days[0] < before_day:
@@ -54,10 +67,11 @@ def expire(users: dict[str, UserState], changed: set[str], before_day: int) -> l
             while cut < len(days) and days[cut] < before_day:
                 cut += 2
             del days[:cut]
-            changed.add(user_id)
+            state.counted.add(user_id)
             if user.empty():
                 emptied.append(user_id)
-    return emptied
+    for user_id in emptied:
+        del users[user_id]
 
 
 def expose(
@@ -66,21 +80,44 @@ def expose(
     events: list[Any],
     times: list[int],
     counts: StepCounts,
+    *,
+    watermark_ms: int | None,
 ) -> None:
     """Count the users first exposed to an experiment by new requests (impressions and
-    their times), per variant, with the CUPED covariate of those who have one (their
-    activity on the days before the exposure's day)."""
+    their times), per variant; with CUPED on, their covariate is read now if the
+    watermark has reached the exposure's day, else once it does (:func:`release`)."""
     includes = experiment.includes
     both = [(e, t) for e, t in zip(events, times, strict=True) if includes(e.variant, t)]
     if not both:
         return
     first = state.expose(experiment.name, [e.user_id for e, _ in both])
-    exposures, covariates = counts.exposures, counts.covariates
-    lookback, users = state.lookback_days, state.users
+    exposures, lookback = counts.exposures, state.lookback_days
     for (event, t), new in zip(both, first, strict=True):
         if new:
             key = experiment.name + SEP + event.variant
             exposures[key] += 1
-            user = users.get(event.user_id) if lookback else None
-            if user is not None and (x := pre_exposure(user.days, t, lookback)):
-                covariates.setdefault(key, []).append((event.user_id, x))
+            if not lookback:
+                continue
+            day_ms = t - t % DAY_MS
+            if watermark_ms is not None and day_ms <= watermark_ms:
+                _read(state, key, event.user_id, day_ms, counts.covariates)
+            else:
+                state.pending.append((day_ms, key, event.user_id))
+                state.pending_changed = True
+
+
+def release(state: PartitionState, watermark_ms: int, covariates: Covariates) -> None:
+    """Read the covariates of the pending exposures whose day the watermark reached."""
+    if not state.pending or min(p[0] for p in state.pending) > watermark_ms:
+        return
+    due = [p for p in state.pending if p[0] <= watermark_ms]
+    state.pending = [p for p in state.pending if p[0] > watermark_ms]
+    state.pending_changed = True
+    for day_ms, key, user_id in due:
+        _read(state, key, user_id, day_ms, covariates)
+
+
+def _read(state: PartitionState, key: str, user_id: str, day_ms: int, out: Covariates) -> None:
+    user = state.users.get(user_id)
+    if user is not None and (x := pre_exposure(user.days, day_ms, state.lookback_days)):
+        out.setdefault(key, []).append((user_id, x))

@@ -174,7 +174,9 @@ class PartitionEngine:
             new = [events[n] for n in kept]
             times = [impressions.timestamp_ms[n] for n in kept]
             for experiment in experiments:
-                activity.expose(state, experiment, new, times, counts)
+                activity.expose(
+                    state, experiment, new, times, counts, watermark_ms=self.watermark_ms
+                )
         spans = impressions.items
         items = None if spans is None else spans.take(np.asarray(kept, dtype=np.int64))
         state.add_requests(list(fresh.values()), delay, items)
@@ -299,6 +301,7 @@ class PartitionEngine:
         if watermark is None:
             return []
         state = self.state
+        activity.release(state, watermark, self.counts.covariates)
         table = state.requests
         due, places = table.due(watermark - self.config.finalise.deadline(0))
         out: list[Finalised] = []
@@ -335,7 +338,7 @@ class PartitionEngine:
         # (a late redelivery would then count as new instead of late)
         data_ms = self.data_time_ms()
         state.expire(watermark - self.config.horizon_ms, data_ms - self.config.finalised_ttl_ms)
-        self._sweep_history(data_ms)
+        self._sweep_history(data_ms, watermark)
         self._end_experiments(data_ms)
         return out
 
@@ -364,14 +367,17 @@ class PartitionEngine:
         times = [c.max_event_ms for c in self.inputs.values() if c.max_event_ms is not None]
         return max(times) if times else (self.watermark_ms or 0)
 
-    def _sweep_history(self, watermark: int) -> None:
-        """Expire cold-start histories past their TTL, once per TTL/10 of event time."""
+    def _sweep_history(self, data_ms: int, watermark: int) -> None:
+        """Expire cold-start histories past their TTL and activity past the CUPED
+        lookback (behind the watermark: a pending exposure may still read it), once
+        per TTL/10 of event time."""
         ttl = self.config.history_ttl_ms
         last = self._history_swept_ms
-        if last is None or watermark - last >= ttl // 10:  # also once after every load
-            self.state.drop_history_before(watermark - ttl)
-            self.state.drop_activity_before(watermark // DAY_MS - self.state.lookback_days)
-            self._history_swept_ms = watermark
+        if last is None or data_ms - last >= ttl // 10:  # also once after every load
+            self.state.drop_history_before(data_ms - ttl)
+            before = min(data_ms, watermark) // DAY_MS - self.state.lookback_days
+            activity.expire(self.state, before)
+            self._history_swept_ms = data_ms
 
     # --- checkpointing ----------------------------------------------------------
 

@@ -59,12 +59,10 @@ def restore_state(
             uid, item, ts, grade = _decode(raw)
             state.user(uid).loose[key] = PendingInteraction(key, item, ts, grade)
             state.loose_expiry.append((ts, 2, uid + "\x1f" + key))
-        elif kind == "h":
-            state.user(key).history = [(t, e) for t, e in _decode(raw)]
-        elif kind == "a":
-            state.user(key).active_ms = _decode(raw)
-        elif kind == "u":
-            state.user(key).days = list(_decode(raw))
+        elif kind in "hau":
+            _load_user(state, kind, key, _decode(raw))
+        elif kind == "p":
+            state.pending = [(t, k, u) for t, k, u in _decode(raw)]
         elif kind == "f":
             fielded.append((key, _decode(raw)))
         elif kind in "ve":
@@ -90,6 +88,18 @@ def restore_state(
     heapq.heapify(state.expiry)
     heapq.heapify(state.loose_expiry)
     return state
+
+
+def _load_user(state: PartitionState, kind: str, user_id: str, value: Any) -> None:
+    """One user's cold-start history (``h:``), latest active day (``a:``) or activity
+    by day (``u:``)."""
+    user = state.user(user_id)
+    if kind == "h":
+        user.history = [(t, e) for t, e in value]
+    elif kind == "a":
+        user.active_ms = value
+    else:
+        user.days = list(value)
 
 
 def _load_exposures(state: PartitionState, name: str, raw: bytes) -> None:

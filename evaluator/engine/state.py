@@ -127,6 +127,9 @@ class PartitionState:
     (``allowed_lateness``, the attribution window, the skew) loses no open request."""
     counted: set[str] = field(default_factory=set)
     """Users whose activity changed since the last flush (``u:`` fields)."""
+    pending: list[tuple[int, str, str]] = field(default_factory=list)
+    """Exposures whose covariate waits for the watermark: (day, key, user) (``p:``)."""
+    pending_changed: bool = False
     markers: Markers = field(init=False)
     """The finalised markers (they record their changes here)."""
     exposed: Exposures = field(init=False)
@@ -198,7 +201,7 @@ class PartitionState:
         """:meth:`add_history` of a batch's relevant interactions (user, event, time), in
         order: each user's changed history is encoded once; their activity is counted."""
         if self.lookback_days:
-            activity.count(self.users, self.counted, relevant, self.lookback_days)
+            activity.count(self.users, self.counted, relevant)
         cap = self.history_cap
         if cap <= 0:
             return
@@ -347,11 +350,6 @@ class PartitionState:
                 self.changes["a:" + uid] = None
                 self._drop_if_empty(uid, user)
 
-    def drop_activity_before(self, day: int) -> None:
-        """Forget activity before ``day``, and the users left with nothing."""
-        for uid in activity.expire(self.users, self.counted, day):
-            del self.users[uid]
-
     def unwritten(self) -> int:
         """Changelog fields and segment rows waiting for the next flush."""
         pending = self.markers.pending() + self.exposed.pending()
@@ -367,7 +365,7 @@ class PartitionState:
             request_log.write_fresh(self, out)
         self.fresh, self.fresh_chunks = set(), []
         request_log.write_book(self, out)
-        activity.write(self.users, self.counted, out)
+        activity.write(self, out)
         if self.waiting:
             self._write_waiting(out)
         self.markers.write(out, self.segment_rows)

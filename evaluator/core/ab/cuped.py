@@ -37,26 +37,20 @@ FloatArray = npt.NDArray[np.float64]
 DAY_MS = 86_400_000
 
 
-def count_day(days: list[int], day: int, keep_days: int) -> None:
+def count_day(days: list[int], day: int) -> None:
     """Add one relevant interaction on ``day`` to a user's activity (flat ``(day,
-    count)`` pairs, days ascending) and drop the days more than ``keep_days`` before
-    it: all a pre-exposure count can still use."""
+    count)`` pairs, days ascending; a day before the latest, as topics may deliver it,
+    goes in its place)."""
     if days and days[-2] == day:
         days[-1] += 1
+        return
+    at = len(days)
+    while at and days[at - 2] > day:
+        at -= 2
+    if at and days[at - 2] == day:
+        days[at - 1] += 1
     else:
-        at = len(days)
-        while at and days[at - 2] > day:  # an older day than the latest: rare
-            at -= 2
-        if at and days[at - 2] == day:
-            days[at - 1] += 1
-        else:
-            days[at:at] = [day, 1]
-    first = days[-2] - keep_days
-    if days[0] < first:
-        cut = 0
-        while cut < len(days) and days[cut] < first:
-            cut += 2
-        del days[:cut]
+        days[at:at] = [day, 1]
 
 
 def pre_exposure(days: Sequence[int], exposure_ms: int, lookback_days: int) -> int:
