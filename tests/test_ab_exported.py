@@ -109,10 +109,17 @@ def hourly_traffic(
     return out
 
 
-def deliver(tasks: Tasks, clock: FakeClock, hour: list[bytes], offsets: dict[str, int]) -> None:
-    """An hour of traffic in two polls (its impressions, then its interactions), the
-    wall clock half an hour on each time and never behind the data."""
-    for kind in ("impressions", "interactions"):
+def deliver(
+    tasks: Tasks,
+    clock: FakeClock,
+    hour: list[bytes],
+    offsets: dict[str, int],
+    kinds: tuple[str, ...] = ("impressions", "interactions"),
+) -> None:
+    """An hour of traffic in two polls (its impressions, then its interactions; or
+    ``kinds`` only), the wall clock half an hour on each time and never behind the
+    data."""
+    for kind in kinds:
         payloads = [p for p in hour if (b'"items"' in p) == (kind == "impressions")]
         first = offsets[kind]
         offsets[kind] += len(payloads)

@@ -21,7 +21,6 @@ from evaluator.app.replay import evaluate_files
 from evaluator.config import load_settings
 from evaluator.config.plain import readout_config, tasks_config
 from evaluator.core.rows import COVARIATE
-from evaluator.engine.batches import PartitionBatch
 from evaluator.engine.tasks import Tasks
 from evaluator.readout.live import LiveReader
 from tests.eventgen import EventSet
@@ -141,17 +140,6 @@ def same_as_replay(store, settings, steps: list[list[bytes]], directory) -> None
         assert got.reduction == pytest.approx(want["variance_reduction"], rel=1e-9)
 
 
-def deliver_kind(tasks: Tasks, clock, payloads: list[bytes], offsets: dict[str, int], kind) -> None:
-    """The ``kind`` of ``payloads`` as one poll (the wall clock follows the data)."""
-    mine = [p for p in payloads if (b'"items"' in p) == (kind == "impressions")]
-    first = offsets[kind]
-    offsets[kind] += len(mine)
-    batch = PartitionBatch(kind, f"{kind}:0", mine, range(first, offsets[kind]))
-    newest = max((json.loads(p)["timestamp"] for p in mine), default=0)
-    clock.now = max(clock.now + 1_800_000, newest)
-    tasks.apply([batch], {})
-
-
 @pytest.mark.parametrize("ahead", ["impressions", "interactions"])
 def test_covariates_do_not_depend_on_which_topic_runs_ahead(ahead) -> None:
     """Two days of one topic are consumed before the other's (a backlog read unevenly):
@@ -169,9 +157,9 @@ def test_covariates_do_not_depend_on_which_topic_runs_ahead(ahead) -> None:
     waited = 0
     for start in range(0, len(steps), 12):  # two days a poll
         payloads = [p for step in steps[start : start + 12] for p in step]
-        deliver_kind(tasks, clock, payloads, offsets, ahead)
+        deliver(tasks, clock, payloads, offsets, (ahead,))
         waited = max(waited, len(state.pending))
-        deliver_kind(tasks, clock, payloads, offsets, behind)
+        deliver(tasks, clock, payloads, offsets, (behind,))
     for _ in range(3):  # the watermark passes the last day by idleness
         clock.now += DAY
         tasks.apply([], {"impressions:0": clock.now, "interactions:0": clock.now})
