@@ -23,11 +23,22 @@ def engine_config(
         shadow_of=settings.ab.control,
         finalised_ttl_ms=settings.engine.ttl_s("finalised_ttl") * 1000,
         experiments=settings.ab.experiment_list(),
-        cuped_lookback_days=settings.ab.cuped_lookback_days(),
+        cuped_lookback_days=cuped_lookback_days(settings),
         inputs=("impressions", "interactions")
         if settings.kafka.partitioner == "trust"
         else ("impressions", "interactions", "repartition"),
     )
+
+
+def cuped_lookback_days(settings: Settings) -> int:
+    """Days of activity the engine keeps for CUPED: none unless an experiment can have
+    users active before their exposure (one with a ``start`` or over some of the
+    variants; in the ``default`` experiment a user's first impression is their
+    exposure, so no one would have a covariate)."""
+    experiments = settings.ab.experiment_list()
+    if not any(e.start_ms is not None or e.variants for e in experiments):
+        return 0
+    return settings.ab.cuped_lookback_days()
 
 
 def estimating(settings: Settings) -> Estimating | None:
