@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.eventgen import generate
+from tests.eventgen import T0, generate
 from tests.live import free_port, new_env, stop, stream, to_payloads, wait_until
 from tests.livecheck import sentinel
 
@@ -48,9 +48,17 @@ def test_dashboard_and_alert_expressions_against_a_real_scrape(
 ) -> None:
     # a small data set that must fill every panel: A/B inference from 2 users per arm
     small = {"EVALUATOR_AB__MIN_USERS": "2", "EVALUATOR_AB__MIN_EFFECTIVE_BUCKETS": "2"}
+    # an experiment from the data's start, whose users clicked the day before: CUPED
+    small["EVALUATOR_AB__EXPERIMENTS__exp__START"] = str(T0)
     env = new_env(kafka_bootstrap, redis_url, overrides=small)
     events = generate(51, requests=300)
     events.impressions.append(sentinel(events, after_ms=3_600_000))
+    users = sorted({e["user_id"] for e in events.impressions})
+    events.interactions += [
+        {"event_id": f"pre-{n}", "user_id": user, "item_id": "p1", "type": "click"}
+        | {"timestamp": T0 - 86_400_000 + n}
+        for n, user in enumerate(users)
+    ]
     ordered = stream(
         [("impressions", e) for e in events.impressions]
         + [("interactions", e) for e in events.interactions],

@@ -156,7 +156,7 @@ class LiveReader:
         self, variant: str, block: FloatArray, coverage: dict[tuple[str, int], float]
     ) -> VariantView:
         """One variant's view of a window's summed blocks."""
-        block = block.sum(axis=1)  # (cohort, row): user buckets only matter for A/B tests
+        # (cohort, user bucket, row): the user buckets give the means' standard errors
         schema, ks, policy = self.layout.schema, self.layout.ks, self.config.zero_relevance
         cohorts = {
             name: group_view(block if index is None else block[index], schema, ks, policy)

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from evaluator.core.ab.readout import ExperimentReadout
+from evaluator.core.ab.stats import ratio_estimate
 from evaluator.core.aggregate import FloatArray
 from evaluator.core.metrics.composite import composite_score
 from evaluator.core.metrics.registry import METRICS
@@ -32,6 +33,9 @@ class GroupView:
     engaged: float
     means: Mapping[tuple[str, int], float]
     """(metric, k) -> mean over the group's requests (NaN: none)."""
+    stderr: Mapping[tuple[str, int], float] = field(default_factory=dict)
+    """(metric, k) of :data:`WITH_STDERR` -> the mean's standard error with the user
+    bucket as the unit (where the rows keep user buckets: live windows)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,9 +85,33 @@ class ReadModel:
 
 
 def group_view(row: FloatArray, schema: RowSchema, ks: tuple[int, ...], policy: str) -> GroupView:
-    """A group's view from its summed statistics row (any leading shape is summed)."""
+    """A group's view from its summed statistics row (any leading shape is summed); rows
+    of shape (..., user bucket, column) also give the standard errors."""
     means = {(m, k): schema.mean(row, m, k, policy) for m in METRICS for k in ks}
-    return GroupView(float(row[..., 0].sum()), float(row[..., 1].sum()), means)
+    stderr: dict[tuple[str, int], float] = {}
+    if row.ndim >= 2:
+        per_bucket = row.reshape(-1, *row.shape[-2:]).sum(axis=0)
+        for m in WITH_STDERR:
+            for k in ks:
+                if schema.has(m, k):
+                    stderr[(m, k)] = standard_error(per_bucket, schema, (m, k), policy)
+    return GroupView(float(row[..., 0].sum()), float(row[..., 1].sum()), means, stderr)
+
+
+WITH_STDERR = ("ndcg", "ndcg_adjusted")
+"""The metrics whose window means are exported with a standard error (alerting needs
+them; every metric would double the series)."""
+
+
+def standard_error(
+    per_bucket: FloatArray, schema: RowSchema, metric: tuple[str, int], policy: str
+) -> float:
+    """The delta-method standard error of a mean over user buckets (the unit: one user's
+    requests are correlated; :func:`evaluator.core.ab.stats.ratio_estimate`)."""
+    value = per_bucket[:, schema.value(*metric)]
+    count = per_bucket[:, schema.denominator(*metric, policy)]
+    variance = ratio_estimate(value, count).variance
+    return math.sqrt(variance) if math.isfinite(variance) and variance >= 0 else NAN
 
 
 def composite_of(

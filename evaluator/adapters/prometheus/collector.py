@@ -101,6 +101,8 @@ def _variant(fam: Families, view: VariantView, window: str, control: str) -> Non
             for spec, family in EXPORTED:
                 labels = {**kl, **dict(spec.labels)}
                 fam.add(family, labels, group.means[(spec.name, k)])
+                if (spec.name, k) in group.stderr:
+                    fam.add(family + "_stderr", labels, group.stderr[(spec.name, k)])
     labels = {"experiment": "shadow", "variant": view.variant, "control": control or "shadow"}
     labels |= {"k": "all", "window": window, "measure": "rbo"}
     fam.add("recsys_eval_ab_overlap", labels, view.shadow_rbo)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from prometheus_client.core import GaugeMetricFamily
 
 from evaluator.core.metrics.registry import REGISTRY
+from evaluator.readout.model import WITH_STDERR
 
 
 @dataclass(slots=True)
@@ -156,6 +157,15 @@ def new_families() -> Families:
         if metric.family is not None:
             labels = ["variant", "k", "window", *(name for name, _ in metric.labels), "cohort"]
             spec.setdefault(metric.family, (metric.help, labels))
+            if metric.name in WITH_STDERR:
+                spec.setdefault(
+                    metric.family + "_stderr",
+                    (
+                        f"Standard error of {metric.family} (delta method, the user bucket "
+                        "as the unit): for z-tests of a window against a baseline.",
+                        labels,
+                    ),
+                )
     return Families(
         {n: d for n, (d, _) in spec.items()},
         {n: lab for n, (_, lab) in spec.items()},
