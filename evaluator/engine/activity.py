@@ -39,6 +39,8 @@ def count(
         user = users.get(user_id)
         if user is None:
             user = users[user_id] = UserState()
+        if not user.days:
+            user.days = []
         count_day(user.days, timestamp_ms // DAY_MS)
         changed.add(user_id)
 
@@ -62,7 +64,7 @@ def expire(state: PartitionState, before_day: int) -> None:
     users, emptied = state.users, []
     for user_id, user in users.items():
         days = user.days
-        if days and days[0] < before_day:
+        if isinstance(days, list) and days and days[0] < before_day:
             cut = 0
             while cut < len(days) and days[cut] < before_day:
                 cut += 2

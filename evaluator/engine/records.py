@@ -29,9 +29,10 @@ class UserState:
     active_ms: int = 0
     """The first relevant interaction of the user's latest active day: the history
     expires a TTL after it."""
-    days: list[int] = field(default_factory=list)
+    days: list[int] | tuple[()] = ()
     """Relevant interactions per day, flat (day, count) pairs over the CUPED lookback
-    (:mod:`evaluator.engine.activity`)."""
+    (:mod:`evaluator.engine.activity`); a list once the user has any (no list per
+    user while CUPED is off)."""
 
     def empty(self) -> bool:
         return not (self.loose or self.history or self.days)
