@@ -1,18 +1,22 @@
 """Standard errors of the window means (`recsys_eval_ndcg_stderr`): the delta method
 over user buckets against the spread of the means of simulated windows, and the
-exported series against a direct computation from the stored blocks."""
+exported series against a direct computation from the stored blocks and against
+replay's report."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import numpy as np
 import pytest
 
+from evaluator.app.replay import evaluate_files
 from evaluator.config import load_settings
 from evaluator.readout.model import group_view
 from tests.absim import BUCKETS, Traffic, users_of
-from tests.test_ab_exported import deliver, hourly_traffic, live, pick
+from tests.eventgen import EventSet
+from tests.test_ab_exported import HOUR, T0, deliver, hourly_traffic, live, pick
 
 DAY_MS = 86_400_000
 
@@ -42,15 +46,24 @@ def test_the_standard_error_is_the_spread_of_window_means() -> None:
     assert 0.92 <= covered <= 0.98
 
 
-def test_the_exported_standard_error_is_the_stored_blocks_delta_method() -> None:
+def test_the_exported_standard_error_is_the_stored_blocks_delta_method(tmp_path) -> None:
     settings = load_settings(
         environ={},
         overrides={"join": {"attribution_window": "5m"}, "kafka": {"partitioner": "trust"}},
     )
     tasks, clock, registry = live(settings)
     offsets = {"impressions": 0, "interactions": 0}
-    for hour in hourly_traffic(random.Random(4), hours=12, users=1_500):
+    hours = hourly_traffic(random.Random(4), hours=12, users=1_500)
+    # a later impression of another variant moves the data's time past every deadline,
+    # so the live windows read every request of A and B, as replay does
+    later = {"event_id": "s", "request_id": "s", "user_id": "s", "variant": "Z"}
+    hours.append([json.dumps(later | {"timestamp": T0 + 14 * HOUR, "items": ["p1"]}).encode()])
+    for hour in hours:
         deliver(tasks, clock, hour, offsets)
+    for _ in range(3):  # every request final: the inputs idle at their ends
+        clock.now += 3_600_000
+        tasks.apply([], {"impressions:0": clock.now, "interactions:0": clock.now})
+    assert tasks.stats.finalised == sum(b'"items"' in raw for hour in hours for raw in hour)
     found = scrape_all(registry)
     schema = tasks.store.layout.schema
     count, value = schema.index("count"), schema.value("ndcg", 10)
@@ -69,6 +82,17 @@ def test_the_exported_standard_error_is_the_stored_blocks_delta_method() -> None
         got = pick(found, "recsys_eval_ndcg_stderr", cohort="all", **labels)
         assert got == pytest.approx(np.sqrt(variance), rel=1e-9)
         assert pick(found, "recsys_eval_ndcg", cohort="all", **labels) == pytest.approx(mean)
+        # replay of the same events: the same user buckets with one partition
+        want = replayed(hours, settings, tmp_path)["variants"][variant]["stderr"]["ndcg"]["10"]
+        assert got == pytest.approx(want, rel=1e-9)
+
+
+def replayed(hours: list[list[bytes]], settings, directory) -> dict:
+    events = [json.loads(raw) for hour in hours for raw in hour]
+    files = EventSet(
+        [e for e in events if "items" in e], [e for e in events if "items" not in e]
+    ).write(directory)
+    return evaluate_files(*files, settings, progress=False)
 
 
 def scrape_all(registry) -> dict:

@@ -270,16 +270,22 @@ def score(
     return ScoredRequests(requests, scores, variant_names, variant, cohort)
 
 
-def rows_by_variant_cohort(scored: ScoredRequests) -> tuple[FloatArray, FloatArray]:
+def rows_by_variant_cohort(
+    scored: ScoredRequests, bucket: I64, buckets: int
+) -> tuple[FloatArray, FloatArray]:
     """Statistics rows summed per variant (all cohorts) and per (variant, cohort) with
-    group v*3+cohort: the sums live window buckets hold (diversity and overlap are left
-    out: replay reports set-level metrics of its own)."""
+    group v*3+cohort, each per user bucket (``bucket`` of each request, of ``buckets``;
+    the unit of the means' standard errors): the sums live window buckets hold
+    (diversity and overlap are left out: replay reports set-level metrics of its own).
+    Shapes (groups, buckets, columns)."""
     n_var, n = len(scored.variant_names), len(scored.variant)
     scores = scored.scores
     rows = contribution_rows(scores, np.full((n, len(scores.ks)), np.nan), np.full(n, np.nan))
-    overall = group_rows(scored.variant, n_var, rows)
-    by_cohort = group_rows(scored.variant * 3 + scored.cohort, n_var * 3, rows)
-    return overall, by_cohort
+    overall = group_rows(scored.variant * buckets + bucket, n_var * buckets, rows)
+    cohort = (scored.variant * 3 + scored.cohort) * buckets + bucket
+    by_cohort = group_rows(cohort, n_var * 3 * buckets, rows)
+    width = rows.shape[1]
+    return overall.reshape(n_var, buckets, width), by_cohort.reshape(n_var * 3, buckets, width)
 
 
 __all__ = [

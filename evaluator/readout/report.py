@@ -20,10 +20,12 @@ from evaluator.core.metrics.setlevel import (
     intra_list_diversity,
 )
 from evaluator.core.rows import RowSchema, fresh_columns
+from evaluator.core.windows import user_buckets
 from evaluator.readout.ab_report import ab_json, ab_lines
 from evaluator.readout.config import ReadoutConfig
 from evaluator.readout.model import (
     NAN,
+    WITH_STDERR,
     GroupView,
     ReadModel,
     VariantView,
@@ -89,7 +91,9 @@ def read_file(
     the experiments read over it (``setlevel``: :func:`set_level`'s result)."""
     ks, policy = config.ks, config.zero_relevance
     schema = RowSchema(fresh_columns(ks, METRICS))  # the rows replay sums
-    overall, by_cohort = rows_by_variant_cohort(scored)
+    users = [e.user_id for e in scored.requests.events]
+    bucket = user_buckets(users, config.layout) if users else np.zeros(0, dtype=np.int64)
+    overall, by_cohort = rows_by_variant_cohort(scored, bucket, config.layout.user_buckets)
     views = []
     catalog = 0
     for code, name in enumerate(scored.variant_names):
@@ -116,6 +120,11 @@ def _group_json(group: GroupView, ks: tuple[int, ...]) -> dict[str, Any]:
     block["unengaged"] = requests - engaged
     for metric in METRICS:
         block[metric] = {str(k): finite(group.means[(metric, k)]) for k in ks}
+    block["stderr"] = {
+        metric: {str(k): finite(group.stderr[(metric, k)]) for k in ks}
+        for metric in WITH_STDERR
+        if all((metric, k) in group.stderr for k in ks)
+    }
     return block
 
 
