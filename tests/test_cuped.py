@@ -134,3 +134,24 @@ def test_the_kept_activity_and_both_covariate_functions_match_a_direct_count() -
         want.append(truth)
     got = pre_exposure_counts(exposed, np.asarray(at), users, np.asarray(times), lookback)
     assert got.tolist() == want
+
+
+def test_activity_is_kept_only_for_an_experiment_that_can_use_it() -> None:
+    """In the ``default`` experiment a user's first impression is their exposure: no
+    activity is kept and no covariate read, live (the engine) as in replay (the readout's
+    rules); an experiment with a ``start`` or over some variants turns it on."""
+    from evaluator.config import load_settings
+    from evaluator.config.plain import engine_config, readout_config
+
+    def days(ab: dict) -> tuple[int, int]:
+        settings = load_settings(environ={}, overrides={"ab": ab})
+        return (
+            engine_config(settings).cuped_lookback_days,
+            readout_config(settings).ab.cuped_lookback_days,
+        )
+
+    assert days({}) == (0, 0)
+    assert days({"experiments": {"e": {"start": 1_700_000_000_000}}}) == (14, 14)
+    assert days({"experiments": {"e": {"variants": ["A", "B"]}}}) == (14, 14)
+    assert days({"experiments": {"e": {"variants": ["A"]}}, "cuped_lookback": "7d"}) == (7, 7)
+    assert days({"experiments": {"e": {"variants": ["A"]}}, "cuped_lookback": 0}) == (0, 0)

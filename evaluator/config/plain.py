@@ -102,7 +102,7 @@ def readout_config(settings: Settings) -> ReadoutConfig:
             ab.tuning,
             ab.min_users,
             ab.min_effective_buckets,
-            ab.cuped_lookback_days(),
+            cuped_lookback_days(settings),  # replay reads covariates as the engine keeps them
         ),
         propensity=(p.positions, p.min_clicks) if p.collect else None,
         described=_described(settings),
