@@ -147,7 +147,13 @@ def new_env(
         overrides=overrides or {},
     )
     env.create_topics()
+    CREATED.append(env)
     return env
+
+
+CREATED: list[LiveEnv] = []
+"""The environments of the running test: their Redis keys are deleted after it
+(``tests/conftest.py``)."""
 
 
 def wait_until(
