@@ -45,6 +45,9 @@ def generate(seed: int, requests: int = 300, users: int = 25, catalog: int = 60)
             "items": items,
             "item_attributes": {"category": [f"c{hash(i) % 4}" for i in items]},
         }
+        if r % 4 == 1:  # a quarter of the lists interleaved (no draw: the data stay as they were)
+            imp["teams"] = ["AB"[(i + r // 4) % 2] for i in range(len(items))]
+            imp["interleaving"] = {"A": "ranker-y", "B": "ranker-x"}
         out.impressions.append(imp)
         if rng.random() < 0.05:
             out.impressions.append(dict(imp))  # at-least-once duplicate

@@ -219,7 +219,7 @@ def stop(procs: Iterable[subprocess.Popen[bytes]]) -> None:
 
 
 @contextlib.contextmanager
-def running_demo(requests_per_s: float) -> Iterator[str]:
+def running_demo(requests_per_s: float, interleave: bool = False) -> Iterator[str]:
     """`evaluator demo` (embedded store) on a free port in a thread; yields its base URL."""
     from evaluator.app.demo import demo_tree, run_demo
 
@@ -229,7 +229,7 @@ def running_demo(requests_per_s: float) -> Iterator[str]:
     worker = threading.Thread(
         target=run_demo,
         args=(settings,),
-        kwargs={"stop": stop_demo, "requests_per_s": requests_per_s},
+        kwargs={"stop": stop_demo, "requests_per_s": requests_per_s, "interleave": interleave},
     )
     worker.start()
     try:

@@ -13,9 +13,11 @@ import pytest
 
 from evaluator.app.replay import evaluate_files, load_events
 from evaluator.config import Settings
+from evaluator.core.ab.interleaving import is_pair, pair_key
 from evaluator.core.batch import attribute, dedupe_impressions
 from evaluator.core.batch import observations as observations_of
 from evaluator.core.propensity.estimation import increments
+from evaluator.core.rows import INTERLEAVING
 from evaluator.engine.batches import PartitionBatch
 from evaluator.engine.partitioner import PartitionOf
 from evaluator.engine.ports import StateStore
@@ -163,9 +165,20 @@ def compare_experiment(
 ) -> None:
     """The default experiment's cumulative statistics hold every finalised request
     (the data spans less than the longest window, so replay's totals are theirs too),
-    and every user with an impression is counted exactly once."""
-    cumulative = {v: b.sum(axis=1) for v, b in store.experiment_blocks("default").items()}
+    every user with an impression is counted exactly once, and each ranker pair's
+    interleaving outcomes are replay's."""
+    blocks = store.experiment_blocks("default")
+    pairs = {k: b for k, b in blocks.items() if is_pair(k)}
+    cumulative = {v: b.sum(axis=1) for v, b in blocks.items() if v not in pairs}
     compare_totals(cumulative, report, settings)
+    replayed = report["ab"]["default"]["interleaving"]
+    assert len(replayed) == len(pairs)
+    assert replayed or not any("teams" in e for e in events.impressions)
+    for pair in replayed:
+        block = pairs[pair_key(*pair["rankers"])]
+        total, requests, _ = (block[..., store.layout.schema.index(c)].sum() for c in INTERLEAVING)
+        assert requests == pair["requests"]
+        assert total / requests == pytest.approx(pair["preference"], rel=1e-12)
     users = {imp["user_id"] for imp in events.impressions}
     assert sum(store.exposures("default").values()) == len(users)
 

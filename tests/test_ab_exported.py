@@ -37,13 +37,21 @@ HOUR = 3_600_000
 T0 = 1_767_225_600_000
 
 
+PREFIXES = (
+    "recsys_eval_ab_",
+    "recsys_eval_srm",
+    "recsys_eval_requests",
+    "recsys_eval_interleaving",
+)
+
+
 def scrape(registry: CollectorRegistry) -> dict[tuple[str, tuple], float]:
     text = generate_latest(registry).decode()
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for f in text_string_to_metric_families(text)
         for s in f.samples
-        if s.name.startswith(("recsys_eval_ab_", "recsys_eval_srm", "recsys_eval_requests"))
+        if s.name.startswith(PREFIXES)
     }
 
 

@@ -11,6 +11,7 @@ import msgspec
 import numpy as np
 import pytest
 
+from evaluator.core.ab.interleaving import draft
 from evaluator.core.due import OpenRequest, requests_of
 from evaluator.engine import chunks, columns, segments
 from evaluator.engine.codebook import Codebook
@@ -19,7 +20,8 @@ from evaluator.engine.restore import restore_state
 from evaluator.engine.state import PartitionState
 
 
-def row(n: int, rng: random.Random) -> list[Any]:
+def row(n: int, rng: random.Random, *, drafts: bool = True) -> list[Any]:
+    """A changelog request row; with ``drafts`` a fifth of them interleaved."""
     items = [f"item-{rng.randrange(40)}" for _ in range(rng.randrange(0, 6))]
     attrs = [f"cat-{rng.randrange(3)}" for _ in items] if rng.random() < 0.5 else []
     shadow = [f"item-{rng.randrange(40)}" for _ in range(3)] if rng.random() < 0.3 else []
@@ -35,13 +37,16 @@ def row(n: int, rng: random.Random) -> list[Any]:
         shadow,
         rng.choice(["", "home"]),
         rnd,
+        draft([rng.choice("AB") for _ in items], {"A": "x", "B": "y"})
+        if drafts and items and rng.random() < 0.2
+        else "",
     ]
 
 
 def request(r: list[Any]) -> OpenRequest:
     rnd = (r[9][0], r[9][1]) if r[9] else None
     return OpenRequest(
-        r[0], r[1], r[2], r[3], tuple(r[4]), (), tuple(r[5]), r[6], tuple(r[7]), r[8], rnd
+        r[0], r[1], r[2], r[3], tuple(r[4]), (), tuple(r[5]), r[6], tuple(r[7]), r[8], rnd, *r[10:]
     )
 
 
@@ -193,9 +198,10 @@ def test_codes_past_sixteen_bits_widen_the_chunks_that_need_them() -> None:
 
 
 def format_2(chunk: chunks.Chunk) -> bytes:
-    """A chunk as the previous release wrote it (segment format 2: no dictionaries)."""
+    """A chunk as an earlier release wrote it (segment format 2: no dictionaries, four
+    label columns)."""
     base = int(chunk.ts.min())
-    fixed = [chunk.ts - base, chunk.labels, chunk.randomized]
+    fixed = [chunk.ts - base, chunk.labels[:, :4], chunk.randomized]
     return segments._encode(
         [
             2,
@@ -218,7 +224,7 @@ def test_a_partition_written_by_the_previous_release_restores_its_open_requests(
     this format, and to what was opened: nothing dropped or changed on upgrade."""
     rng = random.Random(11)
     state = PartitionState()
-    rows = [row(n, rng) for n in range(500)]
+    rows = [row(n, rng, drafts=False) for n in range(500)]
     state.add_requests(rows, 60_000)
     changes = {k: v for k, v in state.flush().items() if v is not None}
     assert any(k.startswith("t:") for k in changes)
@@ -233,24 +239,31 @@ def test_a_partition_written_by_the_previous_release_restores_its_open_requests(
         assert restored.requests.as_dict() == reference
 
 
-@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
 def test_a_segment_decodes_to_its_chunk(version: int) -> None:
-    """A chunk written as a changelog segment (this format, or those of earlier
-    releases: 2, without dictionaries; 1, fixed columns as held in memory) decodes to
-    the same rows."""
+    """A chunk written as a changelog segment (this format, with interleaving drafts, or
+    those of earlier releases: 3, four label columns; 2, without dictionaries; 1, fixed
+    columns as held in memory) decodes to the same rows."""
     rng = random.Random(version)
     book = Codebook()
-    rows = [row(n, rng) for n in range(300)]
+    rows = [row(n, rng, drafts=version == 4) for n in range(300)]
     for r in rows:  # epoch milliseconds, spanning more than 16 bits
         r[3] = 1_700_000_000_000 + 1_000 * r[3]
     chunk = chunks.Chunk.of(rows, book)
     codes = [chunk.ids, chunk.users, chunk.items, chunk.attribute_codes(), chunk.shadow]
-    if version == 3:
+    if version == 4:
+        assert any(r[10] for r in rows)
         raw = segments.encode_segment(chunk)
+    elif version == 3:
+        full = chunk.labels
+        chunk.labels = full[:, :4]
+        written = segments._decode(segments.encode_segment(chunk))
+        chunk.labels = full
+        raw = segments._encode([3, *written[1:]])
     elif version == 2:
         raw = format_2(chunk)
     else:
-        fixed = [chunk.ts, chunk.labels, chunk.randomized]
+        fixed = [chunk.ts, chunk.labels[:, :4], chunk.randomized]
         raw = segments._encode(
             [
                 1,

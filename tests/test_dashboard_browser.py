@@ -105,3 +105,25 @@ def test_dashboard_renders_live_values(demo_server, tmp_path) -> None:
             shutil.copyfile(shot, keep)
     finally:
         browser.quit()
+
+
+def test_dashboard_draws_the_interleaving_preference(tmp_path) -> None:
+    """`evaluator demo --interleave`: the interleaving card draws the preference for the
+    better ranker with its always-valid band, and says which ranker wins."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    with running_demo(requests_per_s=400.0, interleave=True) as base:
+        browser = _driver()
+        try:
+            browser.get(base + "/")
+            wait = WebDriverWait(browser, 90, poll_frequency=0.5)
+            wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "#il-chart path.band")) >= 1)
+            line = browser.find_element(By.CSS_SELECTOR, "#il-chart path.series")
+            assert "L" in (line.get_attribute("d") or "")
+            text = browser.find_element(By.ID, "il-text").text
+            assert "default: treatment over control" in text and "sequential p" in text
+            assert "% of decided lists" in text
+            assert browser.find_element(By.ID, "ab-text").text == "no comparison yet"
+        finally:
+            browser.quit()

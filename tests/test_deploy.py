@@ -171,6 +171,8 @@ def test_dashboard_covers_what_users_need() -> None:
         "recsys_eval_ab_ndcg_diff_upper",
         "recsys_eval_ab_cuped_ndcg_diff_lower",
         "recsys_eval_ab_cuped_ndcg_diff_upper",
+        "recsys_eval_interleaving_preference_lower",
+        "recsys_eval_interleaving_preference_upper",
         "recsys_eval_requests",
         "recsys_eval_srm_p_value",
         "recsys_eval_coverage",

@@ -30,7 +30,7 @@ def _layout(**overrides):
 
 def test_fresh_rows_keep_the_positions_of_every_earlier_version() -> None:
     """count, engaged, sums metric-major, squares, diversity counts and sums, RBO, then
-    the CUPED covariate (zero in request rows)."""
+    the CUPED covariate and a ranker pair's interleaving outcomes (zero in request rows)."""
     grades = np.array([[0.0, 3.0, 1.0], [0.0, 0.0, 0.0]])
     scores = score_requests(grades, ScoringConfig(ks=(1, 2)))
     diversity = np.array([[0.5, np.nan], [np.nan, 0.25]])
@@ -50,10 +50,11 @@ def test_fresh_rows_keep_the_positions_of_every_earlier_version() -> None:
             [[1.0], [0.0]],
             [[0.7], [0.0]],
             np.zeros((2, 2)),  # the CUPED covariate: added per user at exposure
+            np.zeros((2, 3)),  # interleaving: in a ranker pair's block
         ]
     )
     np.testing.assert_array_equal(rows, expected)
-    assert names[-2:] == ("cuped_x", "cuped_users")
+    assert names[-5:] == ("cuped_x", "cuped_users", "il_sum", "il_requests", "il_wins")
     assert names[: 2 + len(OLD_METRICS) * 2][2:4] == ("sum:ndcg@1", "sum:ndcg@2")
 
 

@@ -22,6 +22,7 @@ import pytest
 
 from evaluator.app.replay import load_events
 from evaluator.config import ConfigError, load_settings
+from evaluator.core.ab.interleaving import is_pair, pair_key
 from evaluator.core.batch import attribute, dedupe_impressions, score, variant_codes
 from evaluator.core.metrics.registry import METRICS
 from evaluator.core.rows import fresh_columns
@@ -166,7 +167,10 @@ def compare_grown(store, events: EventSet, newer: set[str], settings, tmp_path: 
     window: dict[str, np.ndarray] = {}
     for (_, variant), block in store.blocks(max(settings.layout().windows_ms)).items():
         window[variant] = window.get(variant, 0) + block.sum(axis=1)
-    cumulative = {v: b.sum(axis=1) for v, b in store.experiment_blocks("default").items()}
+    blocks = store.experiment_blocks("default")
+    # interleaved lists (which the previous release ignored) add a ranker pair's block
+    assert [k for k in blocks if is_pair(k)] == [pair_key("ranker-x", "ranker-y")]
+    cumulative = {v: b.sum(axis=1) for v, b in blocks.items() if not is_pair(v)}
     for what, totals in (("window", window), ("experiment", cumulative)):
         assert set(totals) == set(names), what
         for v, variant in enumerate(names):

@@ -43,6 +43,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         "duplicate_fraction": args.duplicate_fraction,
         "malformed_fraction": args.malformed_fraction,
         "out_of_order_fraction": args.out_of_order_fraction,
+        "interleave": args.interleave or None,
     }
     try:
         config = config_from_args(settings, args.seed, args.variant, options, args.start_ms)
@@ -107,6 +108,12 @@ def add_simulate(sub: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument("--duplicate-fraction", type=float)
     p.add_argument("--malformed-fraction", type=float)
     p.add_argument(
+        "--interleave",
+        action="store_true",
+        help="show every request the team-draft interleaving of the first two variants "
+        "(variant 'interleaved'; the truth gives the preference)",
+    )
+    p.add_argument(
         "--start-ms",
         type=int,
         help="first event time (default: 2026-01-01; with --kafka, now, and each event is "
@@ -150,6 +157,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             requests=args.requests,
             store=store,
             stop=stop,
+            interleave=args.interleave,
         )
     json.dump(simulator.truth.as_dict(), sys.stderr, indent=2)
     sys.stderr.write("\n")
@@ -185,7 +193,7 @@ def _demo_through_kafka(settings: Settings, args: argparse.Namespace, stop: Any)
     from evaluator.core.simulator import Simulator
     from evaluator.engine.ports import StateStore
 
-    config = sim_config(settings, args.seed, args.rate, args.speed)
+    config = sim_config(settings, args.seed, args.rate, args.speed, args.interleave)
     holder: list[Simulator] = []
 
     def produce() -> None:
@@ -237,6 +245,11 @@ def add_demo(sub: argparse._SubParsersAction[Parser]) -> None:
     add_service_flags(p)
     p.add_argument("--rate", type=float, default=300.0, help="requests/s (default 300)")
     p.add_argument("--speed", type=float, default=20.0, help="event time vs wall clock")
+    p.add_argument(
+        "--interleave",
+        action="store_true",
+        help="show every user a team-draft interleaving of the two variants' rankings",
+    )
     p.add_argument("--requests", type=int, help="stop after this many requests")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kafka", action="store_true", help="through the configured Kafka topics")

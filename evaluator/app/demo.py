@@ -63,10 +63,12 @@ def demo_tree(user_tree: dict[str, Any]) -> dict[str, Any]:
 
 
 def sim_config(
-    settings: Settings, seed: int, requests_per_s: float, speed: float
+    settings: Settings, seed: int, requests_per_s: float, speed: float, interleave: bool = False
 ) -> SimulationConfig:
-    """Simulated traffic whose event time starts now and runs ``speed`` x the wall clock."""
+    """Simulated traffic whose event time starts now and runs ``speed`` x the wall clock
+    (``interleave``: every list a team draft of the two variants' rankings)."""
     return SimulationConfig(
+        interleave=interleave,
         seed=seed,
         requests_per_second=requests_per_s / speed,
         start_ms=time.time_ns() // 1_000_000,
@@ -123,10 +125,11 @@ def run_demo(
     requests: int | None = None,
     store: StateStore | None = None,
     stop: threading.Event | None = None,
+    interleave: bool = False,
 ) -> Simulator:
     """Run until stopped (or ``requests`` are done); returns the simulator (ground truth)."""
     stop = stop or threading.Event()
-    config = sim_config(settings, seed, requests_per_s, speed)
+    config = sim_config(settings, seed, requests_per_s, speed, interleave)
     simulator = Simulator(config)
     store = store or build_memory_store(settings)
     tasks = Tasks(store, tasks_config(settings, DEMO_PARTITIONS))

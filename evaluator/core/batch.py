@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from evaluator.core.ab.interleaving import Credited, credit, draft
 from evaluator.core.aggregate import group_rows
 from evaluator.core.cohort import COLD_START, ESTABLISHED
 from evaluator.core.events import Impression, ImpressionBatch, InteractionColumns
@@ -191,6 +192,8 @@ class ScoredRequests:
     variant_names: list[str]
     variant: I64
     cohort: I64
+    interleaving: Credited | None = None
+    """Interleaved requests' ranker pairs and outcomes (None: none was interleaved)."""
 
 
 def observations(requests: Requests, attribution: Attribution) -> list[Observation]:
@@ -267,7 +270,9 @@ def score(
     variant_names, variant = variants or variant_codes(requests)
     cap = min_relevant_history
     cohort = cohorts(requests, attribution.relevant_user, attribution.relevant_ms, cap)
-    return ScoredRequests(requests, scores, variant_names, variant, cohort)
+    drafts = [draft(e.teams, e.interleaving) if e.teams and e.interleaving else "" for e in events]
+    credited = credit(drafts, *attribution.attributed) if any(drafts) else None
+    return ScoredRequests(requests, scores, variant_names, variant, cohort, credited)
 
 
 def rows_by_variant_cohort(

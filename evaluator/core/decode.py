@@ -76,7 +76,25 @@ def _impression_texts(event: Impression, items: Sequence[str] | None = None) -> 
         texts += values
     for name, ranking in (event.shadow or {}).items():
         texts += [name, *ranking]
+    if event.interleaving:
+        texts += [*event.interleaving, *event.interleaving.values()]
     return texts
+
+
+def _check_teams(event: Impression, n_items: int) -> str | None:
+    """What is wrong with an impression's interleaving fields (None: nothing)."""
+    teams, rankers = event.teams, event.interleaving
+    if teams is None and rankers is None:
+        return None
+    if teams is None or rankers is None:
+        return "teams and interleaving come together"
+    if len(rankers) != 2 or len(set(rankers.values())) != 2 or not all(rankers.values()):
+        return "interleaving names two teams of two different, non-empty rankers"
+    if len(teams) != n_items:
+        return f"teams has {len(teams)} values for {n_items} items"
+    if not set(teams) <= rankers.keys():
+        return "teams holds a team that interleaving does not name"
+    return None
 
 
 def check_impression(
@@ -122,6 +140,9 @@ def _check_listed(
                     InvalidReason.INVALID_FIELD,
                     f"item_attributes.{name} has {len(values)} values for {n_items} items",
                 )
+    wrong = _check_teams(event, n_items)
+    if wrong:
+        return InvalidReason.INVALID_FIELD, wrong
     if texts is not None and _reserved(*texts):
         return InvalidReason.INVALID_FIELD, "a string holds U+001E or U+001F (reserved)"
     return None

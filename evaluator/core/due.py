@@ -157,6 +157,8 @@ class Due:
     context: list[str]
     randomization: list[tuple[str, int] | None]
     named: Named = field(default_factory=Named.none)
+    draft: list[str] | None = None
+    """Each interleaved list's draft ("" for the others); None: none is interleaved."""
 
     def __len__(self) -> int:
         return len(self.request_id)
@@ -185,6 +187,7 @@ class Due:
             ragged("shadow"),
             joined("context"),
             joined("randomization"),
+            draft=_drafts(parts),
         )
 
     def take(self, rows: I64) -> Due:
@@ -212,7 +215,18 @@ class Due:
                 named.ms[keep],
                 named.grade[keep],
             ),
+            None if self.draft is None else [self.draft[i] for i in pick],
         )
+
+    def drafts(self) -> list[str]:
+        """Each request's draft ("": not interleaved)."""
+        return [""] * len(self) if self.draft is None else self.draft
+
+
+def _drafts(parts: Sequence[Due]) -> list[str] | None:
+    if all(p.draft is None for p in parts):
+        return None
+    return [d for p in parts for d in p.drafts()]
 
 
 def time_order(ms: I64, request_ids: Sequence[str]) -> I64 | None:
@@ -258,6 +272,8 @@ class OpenRequest:
     context: str = ""
     randomization: tuple[str, int] | None = None
     """``("topn", n)`` or ``("swap", k)`` when the list was randomised."""
+    draft: str = ""
+    """An interleaved list's draft (:func:`evaluator.core.ab.interleaving.draft`); "": none."""
 
 
 def due_of(requests: Sequence[OpenRequest]) -> tuple[Due, list[str]]:
@@ -282,6 +298,7 @@ def due_of(requests: Sequence[OpenRequest]) -> tuple[Due, list[str]]:
             np.array([it.timestamp_ms for _, it in named], dtype=np.int64),
             np.array([it.grade for _, it in named], dtype=np.float64),
         ),
+        [r.draft for r in requests] if any(r.draft for r in requests) else None,
     )
     return due, code.names
 
@@ -299,9 +316,20 @@ def requests_of(due: Due, names: Sequence[str] | None) -> list[OpenRequest]:
         named[row].append(PendingInteraction(eid, item_id, t, g))
     return [
         OpenRequest(
-            rid, uid, variant, ms, decode(items), its or (), decode(attrs), sv, decode(sh), ctx, rnd
+            rid,
+            uid,
+            variant,
+            ms,
+            decode(items),
+            its or (),
+            decode(attrs),
+            sv,
+            decode(sh),
+            ctx,
+            rnd,
+            draft,
         )
-        for rid, uid, variant, ms, items, its, attrs, sv, sh, ctx, rnd in zip(
+        for rid, uid, variant, ms, items, its, attrs, sv, sh, ctx, rnd, draft in zip(
             due.request_id,
             due.user_id,
             due.variant,
@@ -313,6 +341,7 @@ def requests_of(due: Due, names: Sequence[str] | None) -> list[OpenRequest]:
             due.shadow.lists(),
             due.context,
             due.randomization,
+            due.drafts(),
             strict=True,
         )
     ]

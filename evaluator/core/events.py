@@ -67,6 +67,11 @@ class Impression(msgspec.Struct, frozen=True, gc=False):
     """Comparable-request key (query, page or user segment): the propensity estimators
     assume an item shown in the same context has the same relevance at every position."""
     randomization: Randomization | None = None
+    teams: list[str] | None = None
+    """Team-draft interleaving: the team that contributed each position, parallel to
+    ``items``, e.g. ``["A", "B", "B", "A"]``; a key of ``interleaving`` each."""
+    interleaving: dict[str, str] | None = None
+    """The ranker behind each of the two teams, e.g. ``{"A": "ranker-x", "B": "ranker-y"}``."""
 
 
 class ImpressionHead(Impression, frozen=True, gc=False):

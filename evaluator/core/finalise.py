@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from evaluator.core.ab.interleaving import Credited, credit
 from evaluator.core.cohort import cohort_codes, earlier_counts
 from evaluator.core.due import Due, ItemKey, OpenRequest, Ragged, due_of, requests_of
 from evaluator.core.join import (
@@ -84,6 +85,8 @@ class Finalised:
     experiment_rows: dict[str, npt.NDArray[np.intp]] = field(default_factory=dict)
     """Per experiment, the rows that count for its cumulative statistics (see
     :mod:`evaluator.core.experiments`); set by the engine."""
+    interleaving: Credited | None = None
+    """Interleaved requests' ranker pairs and outcomes (None: none was interleaved)."""
 
     @classmethod
     def of(
@@ -333,6 +336,8 @@ def finalise(
         propensity_positions=config.propensity_positions,
         loose_taken=taken,
     )
+    if due.draft is not None:
+        done.interleaving = credit(due.draft, *attributed)
     if config.propensity_positions:
         done.observations = observations(due.context, done.shown(), due.randomization, attributed)
     return done

@@ -3,7 +3,8 @@
 A statistics row holds, per finalised request (and summed per group), a request
 count, an engaged-request count, per metric@K a sum and a sum of squares, the
 diversity and rank-biased-overlap sums with their own counts, and (added per user,
-at exposure) the CUPED covariate's sum and users. Columns are
+at exposure) the CUPED covariate's sum and users, and (in a ranker pair's row)
+the interleaving outcomes. Columns are
 named (``count``, ``sum:ndcg@10``, ``sq:mrr@20``, ``div_lists@10``, ...), so the
 stored layout is a list of names, not a position scheme.
 
@@ -31,6 +32,9 @@ COUNT, ENGAGED = "count", "engaged"
 COVARIATE = ("cuped_x", "cuped_users")
 """The CUPED covariate's sum over exposed users and how many users have one (added
 per user at exposure, not per request: :mod:`evaluator.core.ab.cuped`)."""
+INTERLEAVING = ("il_sum", "il_requests", "il_wins")
+"""A ranker pair's outcome sum over its informative requests, their count, and those
+the second ranker won (:mod:`evaluator.core.ab.interleaving`; zeros in a variant's row)."""
 _MARKER = re.compile(r"^(count|engaged)#(\d+)$")
 
 
@@ -47,6 +51,7 @@ def fresh_columns(ks: Sequence[int], metrics: Sequence[str]) -> tuple[str, ...]:
         "rbo_lists",
         "rbo_sum",
         *COVARIATE,
+        *INTERLEAVING,
     )
 
 

@@ -8,6 +8,10 @@ position-based model: position k is examined with probability
 ``gamma``. Add-to-cart and purchase are conditional on a click; in video mode
 a click becomes a watch whose share of the duration grows with ``gamma``.
 
+With ``interleave`` every request shows the team-draft interleaving of the first two
+variants' rankings instead (variant ``interleaved``, each position's team and the
+two rankers named), and the ground truth holds the preference it converges to.
+
 A slice of impressions can be randomised (top-n shuffle or a 1<->k swap) for
 the propensity estimators. Traffic shape: users make several requests (Zipf
 activity), and a configurable fraction of events arrive out of order, late
@@ -22,6 +26,7 @@ were examined.
 from __future__ import annotations
 
 import heapq
+import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
@@ -30,6 +35,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from evaluator.core.ab.interleaving import outcomes, team_drafts
 from evaluator.core.metrics.ndcg import ndcg
 from evaluator.core.metrics.spec import GainKind
 
@@ -77,13 +83,16 @@ class SimulationConfig:
     experiment: str = "sim"
     ks: tuple[int, ...] = (10,)
     gain: GainKind = "exponential"
+    interleave: bool = False
+    """Show every request the team-draft interleaving of the first two variants."""
 
     def __post_init__(self) -> None:
         checks = {
             "users": self.users >= 1,
             "items": self.items >= self.list_length,
             "segments": self.segments >= 1,
-            "variants": len(self.variants) >= 1 and all(n >= 0 for _, n in self.variants),
+            "variants": len(self.variants) >= (2 if self.interleave else 1)
+            and all(n >= 0 for _, n in self.variants),
             "list_length": self.list_length >= 2,
             "eta": 0 <= self.eta <= 5,
             "requests_per_second": self.requests_per_second > 0,
@@ -124,6 +133,8 @@ class GroundTruth:
     config: SimulationConfig
     variants: dict[str, VariantTruth] = field(default_factory=dict)
     events: dict[str, int] = field(default_factory=dict)
+    preference: FloatArray = field(default_factory=lambda: np.zeros(2))
+    """Interleaving: the expected outcome sum and the expected informative requests."""
 
     def count(self, name: str, n: int = 1) -> None:
         self.events[name] = self.events.get(name, 0) + n
@@ -145,7 +156,17 @@ class GroundTruth:
             "ndcg": ndcg_truth,
             "requests": {name: v.requests for name, v in self.variants.items()},
             "events": dict(self.events),
+            **({"interleaving": self.interleaving()} if c.interleave else {}),
         }
+
+    def interleaving(self) -> dict[str, object]:
+        """The two rankers (sorted) and the preference for the second, as the evaluator
+        estimates it: expected outcome sum over expected informative requests."""
+        first, second = sorted(name for name, _ in self.config.variants[:2])
+        total, informative = self.preference.tolist()
+        sign = 1.0 if first == self.config.variants[0][0] else -1.0  # team A is variant 0
+        value = sign * total / informative if informative else float("nan")
+        return {"rankers": [first, second], "preference": value}
 
 
 _ENCODE = msgspec.json.Encoder().encode
@@ -173,30 +194,59 @@ class Simulator:
         self.noise = np.array([n for _, n in c.variants])
         self.theta = c.theta()
         self.truth = GroundTruth(c)
-        for name, _ in c.variants:
+        self.coin = random.Random(config.seed)
+        for name in self.names():
             self.truth.variants[name] = VariantTruth(0, np.zeros(len(c.ks)), np.zeros(len(c.ks)))
         self.clock_ms = float(c.start_ms)
         self.generated = 0
         self._pending: list[tuple[int, int, SimEvent]] = []
         self._seq = 0
 
+    def names(self) -> list[str]:
+        """The variants impressions are labelled with."""
+        return ["interleaved"] if self.config.interleave else [n for n, _ in self.config.variants]
+
     # -- ranking and outcomes ------------------------------------------------------------
 
-    def _rank(self, users: IntArray) -> tuple[IntArray, IntArray]:
-        """Top ``list_length`` items per request and each request's variant."""
-        c = self.config
+    def _rank(self, users: IntArray) -> tuple[IntArray, IntArray, npt.NDArray[np.int8] | None]:
+        """Top ``list_length`` items per request, each request's variant (an index of
+        :meth:`names`) and, interleaving, each position's team (0: the first variant)."""
+        if self.config.interleave:
+            lists, teams = self._interleave(users)
+            return lists, np.zeros(users.size, dtype=np.int64), teams
         variant = self.variant_of_user[users]
-        scores = self.latent[self.segment[users]] + self.noise[variant][:, None] * (
+        return self._top(users, self.noise[variant]), variant, None
+
+    def _top(self, users: IntArray, noise: FloatArray) -> IntArray:
+        c = self.config
+        scores = self.latent[self.segment[users]] + noise[:, None] * (
             self.rng.standard_normal((users.size, c.items))
         )
         top = np.argpartition(-scores, c.list_length - 1, axis=1)[:, : c.list_length]
         order = np.argsort(-np.take_along_axis(scores, top, axis=1), axis=1)
-        return np.take_along_axis(top, order, axis=1), variant
+        return np.take_along_axis(top, order, axis=1)
+
+    def _interleave(self, users: IntArray) -> tuple[IntArray, npt.NDArray[np.int8]]:
+        """The first two variants' rankings drafted into one list per request."""
+        a, b = (self._top(users, np.full(users.size, n)) for n in self.noise[:2])
+        return team_drafts(a, b, self.coin)
+
+    def _expected_preference(self, gamma: FloatArray, teams: npt.NDArray[np.int8]) -> FloatArray:
+        """Monte Carlo: the expected outcome sum (team B's wins minus A's) and expected
+        informative requests over the requests."""
+        reps = np.ascontiguousarray(np.broadcast_to(gamma, (MC_REPLICATES, *gamma.shape)))
+        grade, _ = self.grades(reps, self.theta)
+        flat = grade.reshape(-1, gamma.shape[1])
+        row, position = np.nonzero(flat > 0)
+        found = outcomes(np.tile(teams, (MC_REPLICATES, 1)), row, position, flat[row, position])
+        informative = found != -2
+        return np.array([found[informative].sum(), informative.sum()]) / MC_REPLICATES
 
     def _randomise(self, lists: IntArray) -> tuple[npt.NDArray[np.bool_], IntArray]:
         """Shuffle the top n (or swap 1 and k) in a random slice; returns the slice and k."""
         c = self.config
-        chosen = np.less(self.rng.random(lists.shape[0]), c.randomized_fraction)
+        share = 0.0 if c.interleave else c.randomized_fraction  # teams stay by position
+        chosen = np.less(self.rng.random(lists.shape[0]), share)
         k = np.zeros(lists.shape[0], dtype=np.int64)
         rows = np.flatnonzero(chosen)
         if c.randomization == "topn":
@@ -279,14 +329,17 @@ class Simulator:
         """Generate ``n`` requests; returns the event time of the last impression."""
         c = self.config
         users = self.rng.choice(c.users, n, p=self.activity)
-        lists, variant = self._rank(users)
+        lists, variant, teams = self._rank(users)
         randomised, swap_k = self._randomise(lists)
         gamma = self.gamma[self.segment[users][:, None], lists]
         grade, share = self.grades(gamma, self.theta)
         raw = self._expected_ndcg(gamma, self.theta)
         debiased = self._expected_ndcg(gamma, np.ones_like(self.theta))
+        if teams is not None:
+            self.truth.preference += self._expected_preference(gamma, teams)
         gaps = self.rng.exponential(1000.0 / c.requests_per_second, n)
-        names = [name for name, _ in c.variants]
+        names = self.names()
+        rankers = {"A": c.variants[0][0], "B": c.variants[1][0]} if teams is not None else {}
         for j in range(n):
             self.clock_ms += gaps[j]
             ts = int(self.clock_ms)
@@ -309,6 +362,9 @@ class Simulator:
                 "context": f"seg{seg}",
                 "item_attributes": {"category": [f"cat{i % 12}" for i in lists[j]]},
             }
+            if teams is not None:
+                imp["teams"] = ["B" if t else "A" for t in teams[j].tolist()]
+                imp["interleaving"] = rankers
             if randomised[j]:
                 imp["randomization"] = (
                     {"type": "topn", "n": int(swap_k[j])}

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from evaluator.core.rows import COVARIATE, RowSchema, fresh_columns, widen
+from evaluator.core.rows import COVARIATE, INTERLEAVING, RowSchema, fresh_columns, widen
 from evaluator.core.scoring import METRICS, RequestScores
 from evaluator.core.sketch import hash_strings
 
@@ -213,6 +213,7 @@ def contribution_rows(
             has_rbo.astype(np.float64)[:, None],
             np.where(has_rbo, overlap, 0.0)[:, None],
             np.zeros((n, len(COVARIATE))),  # per exposed user, not per request
+            np.zeros((n, len(INTERLEAVING))),  # a ranker pair's, not a variant's
         ]
     )
     if schema is None:

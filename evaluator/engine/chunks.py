@@ -2,7 +2,7 @@
 codebook (:mod:`evaluator.engine.segments` writes a chunk to the changelog). Pure.
 
 A row holds a request's impression time, its labels (variant, context, shadow
-variant, randomisation) and its item ids, attribute values and shadow ranking as
+variant, randomisation, interleaving draft) and its item ids, attribute values and shadow ranking as
 16- or 32-bit codes of the partition's :class:`Codebook`, its request and user ids
 as UTF-8 bytes, and each id's 64-bit hash, sorted, for lookups by binary search.
 """
@@ -25,7 +25,10 @@ I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
 Row = Sequence[Any]
 """``(request id, user id, variant, time, items, attributes, shadow variant, shadow,
-context, randomisation [kind, n] or None)``: a changelog request row."""
+context, randomisation [kind, n] or None, draft)``: a changelog request row (one
+written before interleaving has no draft)."""
+LABELS = 5
+"""Label columns: variant, context, shadow variant, randomisation kind, draft."""
 
 
 def _texts(values: Sequence[str]) -> Ragged:
@@ -90,7 +93,7 @@ class Chunk:
     ts: I64
     labels: npt.NDArray[Any]
     """Per row (``int16`` or ``int32``): the codes of the variant, context, shadow
-    variant and randomisation kind (-1: none)."""
+    variant, randomisation kind and interleaving draft (-1: none)."""
     randomized: I32
     """The randomisation's parameter (top-n or swap depth; 0: none)."""
     alive: npt.NDArray[np.bool_]
@@ -146,12 +149,15 @@ class Chunk:
         if items is None:
             items = _codes([r[4] for r in rows], book)
         attributes, shadow = (_codes([r[k] for r in rows], book) for k in (5, 7))
-        labels = np.full((n, 4), NONE, dtype=np.int32)
+        labels = np.full((n, LABELS), NONE, dtype=np.int32)
         for column, k in enumerate((2, 8, 6)):  # variant, context, shadow variant
             labels[:, column] = book.encode([r[k] for r in rows])
         randomized = [i for i, r in enumerate(rows) if r[9]]
         if randomized:
             labels[randomized, 3] = book.encode([rows[i][9][0] for i in randomized])
+        drafted = [i for i, r in enumerate(rows) if len(r) > 10 and r[10]]
+        if drafted:
+            labels[drafted, 4] = book.encode([rows[i][10] for i in drafted])
         labels = _narrow(labels, len(book), signed=True)
         return cls(
             np.fromiter((r[3] for r in rows), dtype=np.int64, count=n),
@@ -219,6 +225,7 @@ class Chunk:
         labels = self.labels[rows]
         variant, context, shadow_of, kind = (labels[:, j].tolist() for j in range(4))
         decode = strings.__getitem__
+        drafted = labels[:, 4] != NONE
         return Due(
             self.ids.texts(rows),
             self.users.texts(rows),
@@ -235,6 +242,9 @@ class Chunk:
             ]
             if (labels[:, 3] != NONE).any()
             else [None] * rows.size,
+            draft=[strings[k] if k != NONE else "" for k in labels[:, 4].tolist()]
+            if drafted.any()
+            else None,
         )
 
     def codes_in_use(self) -> I32:

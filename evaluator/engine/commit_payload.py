@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from evaluator.core.ab.interleaving import add_outcomes
 from evaluator.core.experiments import SEP
 from evaluator.core.finalise import Finalised
 from evaluator.core.propensity.estimation import Observation, counter_day, increments
-from evaluator.core.rows import COVARIATE
+from evaluator.core.rows import COVARIATE, INTERLEAVING
 from evaluator.core.sketch import U64
 from evaluator.core.windows import AggregateLayout, block_ttl_s, partition_user_buckets
 
@@ -59,17 +60,27 @@ def block_increments(
 
 def experiment_increments(finalised: Finalised, layout: AggregateLayout) -> dict[str, FloatArray]:
     """Per ``experiment US variant``, the block (cohort, local user bucket, row) that the
-    finalised requests add to the experiment's cumulative statistics."""
+    finalised requests add to the experiment's cumulative statistics; and per
+    ``experiment US pair`` the interleaving outcomes of each ranker pair."""
     out: dict[str, FloatArray] = {}
     if not finalised.experiment_rows:
         return out
     variants = np.asarray(finalised.due.variant, dtype=object)
     local = finalised.user_bucket // layout.shards
+    credited = finalised.interleaving
+    total, requests, wins = (layout.schema.index(c) for c in INTERLEAVING)
     for name, rows in finalised.experiment_rows.items():
         for variant in np.unique(variants[rows]).tolist():
             mine = rows[variants[rows] == variant]
             block = out.setdefault(name + SEP + variant, np.zeros(layout.block_shape))
             np.add.at(block, (finalised.cohort[mine], local[mine]), finalised.rows[mine])
+        if credited is not None:
+
+            def block_of(pair: str, name: str = name) -> FloatArray:
+                return out.setdefault(name + SEP + pair, np.zeros(layout.block_shape))
+
+            at = (finalised.cohort, local)
+            add_outcomes(block_of, credited, rows, at, (total, requests, wins))
     return out
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 
+from evaluator.core.ab.interleaving import draft
 from evaluator.core.due import OpenRequest, PendingInteraction
 from evaluator.core.events import Impression
 
@@ -67,6 +68,7 @@ def impression_row(
         shadow,
         event.context or "",
         list(rnd) if rnd else None,
+        draft(event.teams, event.interleaving) if event.teams and event.interleaving else "",
     )
 
 
@@ -83,4 +85,5 @@ def request_row(r: OpenRequest) -> tuple[Any, ...]:
         r.shadow,
         r.context,
         list(r.randomization) if r.randomization else None,
+        r.draft,
     )

@@ -18,10 +18,12 @@ import numpy as np
 import numpy.typing as npt
 
 from evaluator.core.due import Ragged
-from evaluator.engine.chunks import Chunk, Index, dictionary, hashes_of
+from evaluator.engine.chunks import LABELS, Chunk, Index, dictionary, hashes_of
+from evaluator.engine.codebook import NONE
 
-SEGMENT_FORMAT = 3
-"""The version of :func:`encode_segment`'s layout (its first element): 3 may store a
+SEGMENT_FORMAT = 4
+"""The version of :func:`encode_segment`'s layout (its first element): 4 has a fifth
+label column (the interleaving draft); 3 (read) may store a
 column of codes through the segment's own dictionary (:data:`DICTIONARY`); 2 (read)
 stores the impression times as offsets from the first, every fixed column in its
 fewest bytes and UUID ids as 16 bytes; 1 (read) stored them as held in memory."""
@@ -148,7 +150,7 @@ def encode_segment(chunk: Chunk) -> bytes:
 def decode_segment(raw: bytes) -> Chunk:
     """The chunk :func:`encode_segment` wrote (its rows all live, indexes rebuilt)."""
     version, fixed, ragged = _decode(raw)
-    if version not in (1, 2, SEGMENT_FORMAT):
+    if version not in (1, 2, 3, SEGMENT_FORMAT):
         raise ValueError(f"request segment of format {version}, not {SEGMENT_FORMAT}")
     base = fixed.pop(0) if version >= 2 else 0
     ts, labels, randomized = (_unpacked(fixed[k], fixed[k + 1]) for k in range(0, len(fixed), 2))
@@ -158,9 +160,12 @@ def decode_segment(raw: bytes) -> Chunk:
     ids, users, items, shadow = (_ragged(*ragged[k]) for k in (0, 1, 2, 4))
     attributes, values = _attributes(ragged[3])
     n = int(ts.size)
+    labels = labels.reshape(n, LABELS if version >= 4 else 4)
+    if labels.shape[1] < LABELS:  # written before the draft: none is interleaved
+        labels = np.pad(labels, ((0, 0), (0, LABELS - labels.shape[1])), constant_values=NONE)
     return Chunk(
         ts.astype(np.int64),
-        labels.reshape(n, 4),
+        labels,
         randomized,
         np.ones(n, dtype=np.bool_),
         ids,

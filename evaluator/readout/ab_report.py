@@ -16,10 +16,11 @@ from typing import Any
 import numpy as np
 
 from evaluator.core.ab.cuped import pre_exposure_counts
-from evaluator.core.ab.readout import Comparison, ExperimentReadout, read_experiment
+from evaluator.core.ab.interleaving import add_outcomes
+from evaluator.core.ab.readout import Comparison, ExperimentReadout, PairReadout, read_experiment
 from evaluator.core.ab.stats import SequentialTracker
 from evaluator.core.batch import ScoredRequests
-from evaluator.core.rows import COVARIATE
+from evaluator.core.rows import COVARIATE, INTERLEAVING
 from evaluator.core.windows import contribution_rows, user_buckets
 from evaluator.readout.config import ReadoutConfig
 
@@ -83,6 +84,8 @@ def experiment_readouts(
             block = np.zeros((1, layout.user_buckets, rows.shape[1]))
             np.add.at(block[0], bucket[picked], rows[picked])
             blocks[scored.variant_names[code]] = block
+        if scored.interleaving is not None:
+            _add_pairs(blocks, scored, mine, bucket, config)
         first = _first_exposures(users, mine.tolist())
         exposed: dict[str, int] = {}
         for i in first:
@@ -93,6 +96,22 @@ def experiment_readouts(
         readout.overlap = _overlap(scored, mine, readout.control, layout.ks)
         out.append(readout)
     return out
+
+
+def _add_pairs(
+    blocks: dict[str, Any], scored: ScoredRequests, rows: Any, bucket: Any, config: ReadoutConfig
+) -> None:
+    """Add the interleaved requests among ``rows`` to their ranker pair's block, as the
+    live engine adds them at finalisation."""
+    assert scored.interleaving is not None
+    layout = config.layout
+    total, requests, wins = (layout.schema.index(name) for name in INTERLEAVING)
+
+    def block_of(pair: str) -> Any:
+        return blocks.setdefault(pair, np.zeros((1, layout.user_buckets, layout.row_width)))
+
+    cohort = np.zeros(bucket.size, dtype=np.int64)
+    add_outcomes(block_of, scored.interleaving, rows, (cohort, bucket), (total, requests, wins))
 
 
 def _overlap(
@@ -144,8 +163,24 @@ def ab_json(readouts: list[ExperimentReadout]) -> dict[str, Any]:
             },
             "comparisons": [_comparison(c) for c in r.comparisons],
             "cuped": [{**_comparison(c), "variance_reduction": _num(c.reduction)} for c in r.cuped],
+            "interleaving": [_pair(p) for p in r.interleaving],
         }
         for r in readouts
+    }
+
+
+def _pair(p: PairReadout) -> dict[str, Any]:
+    return {
+        "rankers": [p.first, p.second],
+        "preference": _num(p.preference),
+        "lower": _num(p.lower),
+        "upper": _num(p.upper),
+        "p_sequential": _num(p.p_sequential),
+        "p_fixed": _num(p.p_fixed),
+        "share_second": _num(p.share_second),
+        "requests": p.requests,
+        "ready": p.ready,
+        "reason": p.reason,
     }
 
 
@@ -211,4 +246,13 @@ def ab_lines(ab: dict[str, Any], k: int) -> list[str]:
                         f"p sequential {_p(a['p_sequential'])}, "
                         f"{_share(a['variance_reduction'])} of the variance removed"
                     )
+        for p in block.get("interleaving", []):
+            first, second = p["rankers"]
+            lines.append(
+                f"  interleaving {first} vs {second}: preference for {second} "
+                f"{_f(p['preference'])} [{_f(p['lower'])}, {_f(p['upper'])}], "
+                f"p sequential {_p(p['p_sequential'])}, {second} won "
+                f"{_share(p['share_second'])} of {p['requests']:,.0f} informative requests"
+                + ("" if p["ready"] else f" ({p['reason']})")
+            )
     return lines

@@ -10,7 +10,7 @@ from typing import Any
 from evaluator.core.ab.readout import ReadoutRules
 from evaluator.core.experiments import Experiment
 from evaluator.core.metrics.registry import METRICS
-from evaluator.core.rows import COVARIATE, RowSchema, column_map
+from evaluator.core.rows import COVARIATE, INTERLEAVING, RowSchema, column_map
 from evaluator.core.windows import AggregateLayout
 
 
@@ -70,6 +70,7 @@ class ReadoutConfig:
             ab.min_effective_buckets,
             {mk: layout.schema.denominator(*mk, policy) for mk in columns},
             _covariate(layout.schema) if ab.cuped_lookback_days else None,
+            _interleaving(layout.schema),
         )
 
 
@@ -80,3 +81,11 @@ def _covariate(schema: RowSchema) -> tuple[int, int] | None:
         return None
     x, users = COVARIATE
     return schema.index(x), schema.index(users)
+
+
+def _interleaving(schema: RowSchema) -> tuple[int, int, int] | None:
+    """A ranker pair's columns, when the layout has them."""
+    if not all(name in schema.names for name in INTERLEAVING):
+        return None
+    total, requests, wins = (schema.index(name) for name in INTERLEAVING)
+    return total, requests, wins

@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from evaluator.core.ab.readout import ExperimentReadout, read_experiment
+from evaluator.core.ab.interleaving import is_pair
+from evaluator.core.ab.readout import ExperimentReadout, ReadoutRules, read_experiment
 from evaluator.core.ab.stats import SequentialTracker
 from evaluator.core.experiments import Experiment
 from evaluator.core.propensity.estimation import Estimate, estimate_all
@@ -179,12 +180,13 @@ class LiveReader:
         name = experiment.name
         allowed = set(self.config.variants)
         blocks = self.store.experiment_blocks(name)
+        pairs = busiest_pairs(blocks, self.rules, self.config.max_variants)
         users = self.store.exposures(name)
         if allowed:  # the allow-list bounds the variant label
             blocks = {v: b for v, b in blocks.items() if v in allowed}
             users = {v: n for v, n in users.items() if v in allowed}
         keep = sorted(users, key=lambda v: -users[v])[: self.config.max_variants]
-        blocks = {v: b for v, b in blocks.items() if v in keep}
+        blocks = {v: b for v, b in blocks.items() if v in keep} | pairs
         users = {v: users[v] for v in keep}
         readout = read_experiment(experiment, blocks, users, self.rules, self.tracker)
         self._log_status(readout)
@@ -209,3 +211,16 @@ class LiveReader:
                     )
                 else:
                     log.info("A/B %s/%s: interval and p-values available", *key)
+
+
+def busiest_pairs(
+    blocks: dict[str, FloatArray], rules: ReadoutRules, most: int
+) -> dict[str, FloatArray]:
+    """The ranker pairs among an experiment's blocks, the ``most`` with the most
+    informative requests (their names are labels: bounded like the variants)."""
+    pairs = {k: b for k, b in blocks.items() if is_pair(k)}
+    if rules.interleaving is None or len(pairs) <= most:
+        return pairs
+    requests = rules.interleaving[1]
+    keep = sorted(pairs, key=lambda k: -float(pairs[k][..., requests].sum()))[:most]
+    return {k: pairs[k] for k in keep}

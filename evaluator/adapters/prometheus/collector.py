@@ -117,6 +117,7 @@ def _variant(fam: Families, view: VariantView, window: str, control: str) -> Non
 
 def _experiment(fam: Families, readout: ExperimentReadout) -> None:
     name = readout.name
+    _interleaving(fam, readout)
     fam.add("recsys_eval_srm_p_value", {"experiment": name}, readout.srm_p_sequential)
     for variant, n in readout.users.items():
         labels = {"experiment": name, "variant": variant}
@@ -149,6 +150,19 @@ def _experiment(fam: Families, readout: ExperimentReadout) -> None:
                 {"experiment": name, "variant": c.variant, "control": c.control},
                 float(c.ready),
             )
+
+
+def _interleaving(fam: Families, readout: ExperimentReadout) -> None:
+    for p in readout.interleaving:
+        labels = {"experiment": readout.name, "ranker_a": p.first, "ranker_b": p.second}
+        for suffix, value in (("", p.preference), ("_lower", p.lower), ("_upper", p.upper)):
+            fam.add("recsys_eval_interleaving_preference" + suffix, labels, value)
+        for method, value in (("sequential", p.p_sequential), ("fixed", p.p_fixed)):
+            fam.add("recsys_eval_interleaving_p_value", {**labels, "method": method}, value)
+        for ranker, share in ((p.first, 1.0 - p.share_second), (p.second, p.share_second)):
+            fam.add("recsys_eval_interleaving_win_share", {**labels, "ranker": ranker}, share)
+        fam.add("recsys_eval_interleaving_requests", labels, p.requests)
+        fam.add("recsys_eval_interleaving_ready", labels, float(p.ready))
 
 
 def _cuped(fam: Families, labels: dict[str, str], cuped: list[Comparison], c: Comparison) -> None:

@@ -153,6 +153,35 @@ def new_families() -> Families:
         "variance; the users needed for the same interval shrink by as much).",
         ab,
     )
+    pair = ["experiment", "ranker_a", "ranker_b"]
+    for suffix, text in (
+        (
+            "",
+            "Team-draft interleaving since the experiment's start: preference for ranker_b "
+            "over ranker_a, (wins - losses) / informative requests, in [-1, 1].",
+        ),
+        ("_lower", "Lower always-valid bound (1 - ab.alpha) of the interleaving preference."),
+        ("_upper", "Upper always-valid bound (1 - ab.alpha) of the interleaving preference."),
+    ):
+        spec["recsys_eval_interleaving_preference" + suffix] = (text, pair)
+    spec["recsys_eval_interleaving_p_value"] = (
+        "p-value of the interleaving preference against none (method: sequential is "
+        "always valid; fixed is valid for a single look only).",
+        [*pair, "method"],
+    )
+    spec["recsys_eval_interleaving_win_share"] = (
+        "Share of the decided (not tied) interleaved requests the ranker won.",
+        [*pair, "ranker"],
+    )
+    spec["recsys_eval_interleaving_requests"] = (
+        "Interleaved requests with a relevant interaction credited to a ranker, since "
+        "the experiment's start.",
+        pair,
+    )
+    spec["recsys_eval_interleaving_ready"] = (
+        "1 when the interleaving preference has enough user buckets to show an interval.",
+        pair,
+    )
     for metric in REGISTRY:  # the ranking metrics' window means
         if metric.family is not None:
             labels = ["variant", "k", "window", *(name for name, _ in metric.labels), "cohort"]

@@ -91,11 +91,13 @@ function drawNdcg(snaps, variants) {
   });
 }
 
-function drawAb(snaps) {
-  const svg = document.getElementById("ab-chart");
-  const keys = [...new Set(snaps.flatMap((s) => Object.keys(s.ab)))];
-  const text = document.getElementById("ab-text");
-  if (!keys.length) { svg.replaceChildren(); text.textContent = "no comparison yet"; return; }
+function drawAb(snaps, field = "ab", chart = "ab-chart", figures = "ab-text") {
+  // a difference (or preference) since each experiment's start, with its always-valid band
+  const svg = document.getElementById(chart);
+  const keys = [...new Set(snaps.flatMap((s) => Object.keys(s[field] || {})))];
+  const text = document.getElementById(figures);
+  if (!keys.length) { svg.replaceChildren(); text.textContent = field === "ab" ? "no comparison yet" : "no interleaved lists"; return; }
+  snaps = snaps.map((s) => ({ t: s.t, ab: s[field] || {} }));
   // the y-axis follows the recent band (the newer half of the history), not the
   // first wide intervals of a young experiment
   const values = [0];
@@ -124,7 +126,8 @@ function drawAb(snaps) {
     const lo = a.lower === undefined ? "…" : a.lower.toFixed(4), hi = a.upper === undefined ? "…" : a.upper.toFixed(4);
     const verdict = a.lower === undefined ? "too early to tell" : a.lower > 0 ? "better" : a.upper < 0 ? "worse" : "not yet decided";
     const p = a.p === undefined ? "" : `, sequential p ${a.p < 0.001 ? a.p.toExponential(1) : a.p.toFixed(3)}`;
-    const adjusted = a.cuped_lower === undefined ? "" :
+    const share = a.share === undefined ? "" : `, wins ${Math.round(100 * a.share)}% of decided lists`;
+    const adjusted = a.cuped_lower === undefined ? share :
       `; CUPED ${a.cuped_diff.toFixed(4)} [${a.cuped_lower.toFixed(4)}, ${a.cuped_upper.toFixed(4)}]` +
       (a.cuped_reduction === undefined ? "" : `, ${Math.round(100 * a.cuped_reduction)}% less variance`);
     lines.push(`${k}: ${a.diff.toFixed(4)} [${lo}, ${hi}]${p}${adjusted} — ${verdict}`);
@@ -247,6 +250,7 @@ async function refresh() {
     drawNdcg(snaps, variants);
     drawMetrics(last, data.metrics || [], variants);
     drawAb(snaps);
+    drawAb(snaps, "interleaving", "il-chart", "il-text");
     drawUsers(snaps);
     eventTimeNote(data.snapshots);
     drawRequests(last, variants);

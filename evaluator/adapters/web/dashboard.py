@@ -75,6 +75,7 @@ class DashboardHistory:
             "metrics": {},
             "requests": {},
             "ab": {},
+            "interleaving": {},
             "propensity": {},
             "eta": {},
             "health": {},
@@ -144,6 +145,16 @@ class DashboardHistory:
             for part, value in parts.items():
                 if math.isfinite(value):
                     snap["ab"].setdefault(key, {})[part] = value
+        for pair in readout.interleaving:  # the preference for the second ranker
+            key = f"{readout.name}: {pair.second} over {pair.first}"
+            found = {
+                "diff": pair.preference,
+                "lower": pair.lower,
+                "upper": pair.upper,
+                "p": pair.p_sequential,
+                "share": pair.share_second,
+            }
+            snap["interleaving"][key] = {k: v for k, v in found.items() if math.isfinite(v)}
 
     def json(self) -> bytes:
         with self._lock:

@@ -14,43 +14,123 @@ share of requests preferring B among the decided ones is ``(1 + Δ)/2`` over the
 ties' share (Chapelle, Joachims, Radlinski & Yue 2012, "Large-scale validation and
 analysis of interleaved search evaluation", whose Δ_AB is half of it). Both rankers
 are seen by every user, so differences between users (how much they click) do not
-enter the comparison. Whether that makes it need fewer users than an A/B test on
-nDCG depends on how much users differ: in the simulator's world, where they differ
-only by segment and activity, team draft needed more users than the A/B test; with
-users whose click propensities differ (lognormal, σ = 1) about 10× fewer. That
-comparison is not settled here.
+enter the comparison. How many fewer users it needs than an A/B test on nDCG
+therefore depends on how much users differ (BENCHMARKS.md, tests/test_interleaving.py):
+none where users click alike, about 8x per arm (15x in all) where their click
+propensity is lognormal with σ = 1.5.
 
 Randomisation is by request (the coin), but a user's requests are correlated, so the
 unit of the variance is the user bucket, as in :mod:`evaluator.core.ab.stats`: per
 bucket the sum of outcomes and the count of informative requests, a ratio-of-sums
 mean with its delta-method variance, and the same always-valid interval and
 p-value as the A/B difference (against a preference of 0).
+
+Stored, an interleaved list is its *draft* (:func:`draft`): the two rankers' names
+in sorted order and the team of each position as one string, which repeats (team
+draft makes at most 2^(k/2) patterns of k positions), so the engine codes it like a
+variant. An experiment's cumulative statistics keep each ranker pair beside its
+variants, under the pair's key (:func:`pair_key`), in its columns of the
+statistics row (:data:`evaluator.core.rows.INTERLEAVING`).
 """
 
 from __future__ import annotations
 
-import math
 import random
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from evaluator.core.ab.stats import (
-    DiffResult,
-    RatioEstimate,
-    fixed_horizon,
-    ratio_estimate,
-    sequential,
-)
-
 T = TypeVar("T", bound=Hashable)
 I64 = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 
 TEAM_A, TEAM_B = 0, 1
+PAIR = "\x1e"
+"""Between the two rankers' names in a pair's key and a draft (a character no
+identifier may hold: a pair's key never equals a variant)."""
+NONE = -2
+"""The outcome of a request that tells nothing (not interleaved, or no credit)."""
+
+
+def draft(teams: Sequence[str], rankers: Mapping[str, str]) -> str:
+    """An interleaved list's draft: the rankers' names in sorted order, then per position
+    ``0`` (the first name's pick) or ``1``; ``teams``: each position's team, a key of
+    ``rankers`` (two teams, two different names)."""
+    first, second = sorted(rankers.values())
+    bit = {team: "0" if name == first else "1" for team, name in rankers.items()}
+    return first + PAIR + second + PAIR + "".join(map(bit.__getitem__, teams))
+
+
+def pair_key(first: str, second: str) -> str:
+    """The key of a ranker pair among an experiment's arms (names in sorted order)."""
+    return first + PAIR + second
+
+
+def is_pair(arm: str) -> bool:
+    return PAIR in arm
+
+
+def rankers(key: str) -> tuple[str, str]:
+    """The two names of a pair's key."""
+    first, _, second = key.partition(PAIR)
+    return first, second
+
+
+@dataclass(frozen=True, slots=True)
+class Credited:
+    """Each request's ranker pair (an index into :attr:`pairs`, -1: not interleaved)
+    and outcome (+1: the pair's second ranker won, -1: the first, 0: a tie, :data:`NONE`)."""
+
+    pairs: list[str]
+    pair: I64
+    outcome: I64
+
+
+def credit(drafts: Sequence[str], row: I64, position: I64, grade: FloatArray) -> Credited:
+    """The outcomes of requests (their drafts, "" when not interleaved) from their
+    attributed interactions (``row``, 0-based ``position``, ``grade``: the join's)."""
+    n = len(drafts)
+    labels = sorted(set(drafts) - {""}) if any(drafts) else []
+    if not labels:
+        return Credited([], np.full(n, -1, np.int64), np.full(n, NONE, np.int64))
+    code = {label: i for i, label in enumerate(labels)}
+    of_row = np.fromiter(map(code.get, drafts, [-1] * n), dtype=np.int64, count=n)
+    heads = [label.rpartition(PAIR) for label in labels]
+    pairs = sorted({head for head, _, _ in heads})
+    pair_of = np.asarray([pairs.index(head) for head, _, _ in heads] + [-1], dtype=np.int64)
+    width = max(len(bits) for _, _, bits in heads)
+    patterns = np.full((len(labels) + 1, width), -1, dtype=np.int8)  # last: not interleaved
+    for i, (_, _, bits) in enumerate(heads):
+        patterns[i, : len(bits)] = np.frombuffer(bits.encode(), dtype=np.uint8) - ord("0")
+    out = outcomes(patterns[of_row], row, position, grade)
+    return Credited(pairs, pair_of[of_row], out)
+
+
+def add_outcomes(
+    block_of: Callable[[str], FloatArray],
+    credited: Credited,
+    rows: npt.NDArray[np.intp],
+    at: tuple[I64, I64],
+    columns: tuple[int, int, int],
+) -> None:
+    """Add the informative ones among ``rows`` to their pair's block (``block_of(key)``,
+    indexed ``[cohort, user bucket, column]``); ``at``: every request's cohort and
+    bucket; ``columns``: where :data:`~evaluator.core.rows.INTERLEAVING` are in the row."""
+    mine = rows[credited.outcome[rows] != NONE]
+    if not mine.size:
+        return
+    total, requests, wins = columns
+    for p in np.unique(credited.pair[mine]).tolist():
+        picked = mine[credited.pair[mine] == p]
+        block = block_of(credited.pairs[p])
+        where = (at[0][picked], at[1][picked])
+        result = credited.outcome[picked].astype(np.float64)
+        np.add.at(block[..., total], where, result)
+        np.add.at(block[..., requests], where, 1.0)
+        np.add.at(block[..., wins], where, (result > 0).astype(np.float64))
 
 
 def team_draft(
@@ -85,6 +165,20 @@ def team_draft(
     return items, teams
 
 
+def team_drafts(
+    a: npt.NDArray[np.int64], b: npt.NDArray[np.int64], rng: random.Random
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int8]]:
+    """Rankings of equal length, one per row, drafted row by row (:func:`team_draft`):
+    the lists, and each position's team (a simulator's, not a hot path)."""
+    k = a.shape[1]
+    lists = np.zeros(a.shape, dtype=np.int64)
+    teams = np.zeros(a.shape, dtype=np.int8)
+    for r, (x, y) in enumerate(zip(a.tolist(), b.tolist(), strict=True)):
+        items, team = team_draft(x, y, k, rng)
+        lists[r, : len(items)], teams[r, : len(team)] = items, team
+    return lists, teams
+
+
 def outcomes(teams: npt.NDArray[np.int8], row: I64, position: I64, grade: FloatArray) -> I64:
     """Each request's outcome from its attributed interactions (``row``, 0-based
     ``position`` and ``grade``, as the join gives them): +1 when team B earned more
@@ -99,62 +193,23 @@ def outcomes(teams: npt.NDArray[np.int8], row: I64, position: I64, grade: FloatA
     wins_b = np.bincount(row[team == TEAM_B], minlength=rows)
     wins_a = np.bincount(row[team == TEAM_A], minlength=rows)
     out: I64 = np.sign(wins_b - wins_a).astype(np.int64)
-    out[(wins_a + wins_b) == 0] = -2
+    out[(wins_a + wins_b) == 0] = NONE
     return out
 
 
-def bucket_sums(outcome: I64, user_bucket: I64, buckets: int) -> tuple[FloatArray, FloatArray]:
-    """Per user bucket: the sum of the informative requests' outcomes, and their count."""
-    informative = outcome != -2
-    at = user_bucket[informative]
-    sums = np.bincount(at, weights=outcome[informative], minlength=buckets).astype(np.float64)
-    counts = np.bincount(at, minlength=buckets).astype(np.float64)
-    return sums, counts
-
-
-@dataclass(frozen=True, slots=True)
-class Preference:
-    """Ranker B's preference over A: the mean outcome Δ in [-1, 1] (positive: B
-    preferred), its interval and p-value, and the share of decided requests won by B."""
-
-    delta: float
-    lower: float
-    upper: float
-    p_value: float
-    share_b: float
-    """Wins of B over the decided (non-tied) informative requests."""
-    requests: float
-    """Informative requests."""
-
-
-_NONE = RatioEstimate(0.0, 0.0, 0.0)
-"""The null preference, as a known control (no variance, no observations)."""
-
-
-def preference(
-    sums: FloatArray,
-    counts: FloatArray,
-    wins_b: float,
-    decided: float,
-    *,
-    method: str = "sequential",
-    alpha: float = 0.05,
-    tuning: float = 5000.0,
-) -> Preference:
-    """The preference from per-bucket sums (see :func:`bucket_sums`), with the
-    always-valid interval and p-value (``method="sequential"``, valid at every look)
-    or the one-look one (``"fixed"``). ``wins_b`` and ``decided``: the counts behind
-    the exported share."""
-    estimate = ratio_estimate(sums, counts)
-    result: DiffResult = (
-        sequential(_NONE, estimate, alpha, tuning)
-        if method == "sequential"
-        else fixed_horizon(_NONE, estimate, alpha)
-    )
-    share = wins_b / decided if decided > 0 else math.nan
-    return Preference(
-        result.diff, result.lower, result.upper, result.p_value, share, estimate.count
-    )
-
-
-__all__ = ["TEAM_A", "TEAM_B", "Preference", "bucket_sums", "outcomes", "preference", "team_draft"]
+__all__ = [
+    "NONE",
+    "PAIR",
+    "TEAM_A",
+    "TEAM_B",
+    "Credited",
+    "add_outcomes",
+    "credit",
+    "draft",
+    "is_pair",
+    "outcomes",
+    "pair_key",
+    "rankers",
+    "team_draft",
+    "team_drafts",
+]

@@ -28,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from evaluator.core.ab.cuped import Moments, adjust, moments
+from evaluator.core.ab.interleaving import is_pair, rankers
 from evaluator.core.ab.stats import (
     RatioEstimate,
     SequentialTracker,
@@ -72,6 +73,9 @@ class ReadoutRules:
     covariate: tuple[int, int] | None = None
     """Row columns of the CUPED covariate's sum and of the users it covers (None: no
     CUPED readout; :mod:`evaluator.core.ab.cuped`)."""
+    interleaving: tuple[int, int, int] | None = None
+    """Row columns of a ranker pair's outcome sum, informative requests and the second
+    ranker's wins (None: no interleaving readout; :mod:`evaluator.core.ab.interleaving`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +102,27 @@ class Comparison:
     """CUPED only: the share of the difference's variance the covariate removed."""
 
 
+@dataclass(frozen=True, slots=True)
+class PairReadout:
+    """Team-draft interleaving of two rankers (names in sorted order): the preference
+    for the second, Δ in [-1, 1] (wins minus losses over informative requests), its
+    always-valid interval and p-values against 0, and the second's share of the
+    decided requests."""
+
+    first: str
+    second: str
+    preference: float
+    lower: float
+    upper: float
+    p_sequential: float
+    p_fixed: float
+    share_second: float
+    requests: float
+    """Informative requests (a relevant interaction credited to a team)."""
+    ready: bool
+    reason: str
+
+
 @dataclass(slots=True)
 class ExperimentReadout:
     name: str
@@ -116,6 +141,8 @@ class ExperimentReadout:
     overlap: dict[tuple[str, int], float] = field(default_factory=dict)
     """Jaccard@K of each variant's and the control's recommended items, by (variant, K),
     where the reader has the item sets (replay; live it is per window)."""
+    interleaving: list[PairReadout] = field(default_factory=list)
+    """Each ranker pair interleaved in the experiment's lists."""
 
 
 def _estimate(per_bucket: FloatArray, col: int, denom: int) -> RatioEstimate:
@@ -146,7 +173,11 @@ def read_experiment(
     tracker: SequentialTracker,
 ) -> ExperimentReadout:
     """The readout of one experiment (see the module docstring); ``tracker`` keeps the
-    running intersection per (experiment, variant, K, metric) across looks."""
+    running intersection per (experiment, variant, K, metric) across looks. Ranker
+    pairs' blocks (keys of :func:`~evaluator.core.ab.interleaving.pair_key`) are read
+    as interleaving, not as arms."""
+    pairs = {k: b for k, b in blocks.items() if is_pair(k)}
+    blocks = {k: b for k, b in blocks.items() if k not in pairs}
     control, others = experiment.arms(set(blocks) | set(users) | experiment.expected())
     per = {v: b.sum(axis=0) for v, b in blocks.items()}  # (user bucket, row)
     denom = denominator_column(rules.zero_relevance)
@@ -162,6 +193,11 @@ def read_experiment(
         srm_sequential_p_value(counts, weights) if len(arms) >= 2 else math.nan,
         srm_p_value(counts, weights) if len(arms) >= 2 else math.nan,
     )
+    if rules.interleaving is not None:
+        out.interleaving = [
+            read_pair(experiment.name, key, block.sum(axis=0), rules, tracker)
+            for key, block in sorted(pairs.items())
+        ]
     if control not in per:
         return out
     buckets = {v: effective_buckets(b[:, denom]) for v, b in per.items()}
@@ -186,6 +222,55 @@ def read_experiment(
     out.comparisons = _with_holm(out.comparisons, len(others))
     out.cuped = _with_holm(out.cuped, len(others))
     return out
+
+
+_NULL = RatioEstimate(0.0, 0.0, 0.0)
+"""A preference of 0 as a known control (no variance, no observations)."""
+
+
+def read_pair(
+    experiment: str,
+    key: str,
+    per_bucket: FloatArray,
+    rules: ReadoutRules,
+    tracker: SequentialTracker,
+) -> PairReadout:
+    """One ranker pair's preference from its cumulative sums per user bucket (the
+    interval is the running intersection over looks, key ``(experiment, pair)``)."""
+    assert rules.interleaving is not None
+    total, requests, wins = (per_bucket[:, c] for c in rules.interleaving)
+    estimate = ratio_estimate(total, requests)
+    second = float(wins.sum())
+    decided = 2.0 * second - float(total.sum())  # wins of both: W2 + (W2 - Σ outcome)
+    share = second / decided if decided > 0 else math.nan
+    first_name, second_name = rankers(key)
+    nan = math.nan
+    reason = ""
+    if effective_buckets(requests) < rules.min_effective_buckets:
+        reason = "too few user buckets with informative requests"
+    if reason or not math.isfinite(estimate.variance):
+        reason = reason or "too few informative requests"
+        mean = estimate.mean
+        return PairReadout(
+            first_name, second_name, mean, nan, nan, nan, nan, share, estimate.count, False, reason
+        )
+    seq = tracker.update(
+        (experiment, key, "interleaving"), sequential(_NULL, estimate, rules.alpha, rules.tuning)
+    )
+    fixed = fixed_horizon(_NULL, estimate, rules.alpha)
+    return PairReadout(
+        first_name,
+        second_name,
+        seq.diff,
+        seq.lower,
+        seq.upper,
+        seq.p_value,
+        fixed.p_value,
+        share,
+        estimate.count,
+        True,
+        "",
+    )
 
 
 def _moments(per_bucket: FloatArray, col: int, denom: int, covariate: tuple[int, int]) -> Moments:
