@@ -118,9 +118,14 @@ def test_dashboard_draws_the_interleaving_preference(tmp_path) -> None:
         try:
             browser.get(base + "/")
             wait = WebDriverWait(browser, 90, poll_frequency=0.5)
+            # the band, and a line of several snapshots
             wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "#il-chart path.band")) >= 1)
-            line = browser.find_element(By.CSS_SELECTOR, "#il-chart path.series")
-            assert "L" in (line.get_attribute("d") or "")
+            wait.until(
+                lambda b: any(
+                    "L" in (p.get_attribute("d") or "")
+                    for p in b.find_elements(By.CSS_SELECTOR, "#il-chart path.series")
+                )
+            )
             text = browser.find_element(By.ID, "il-text").text
             assert "default: treatment over control" in text and "sequential p" in text
             assert "% of decided lists" in text
