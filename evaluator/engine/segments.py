@@ -22,8 +22,8 @@ from evaluator.engine.chunks import LABELS, Chunk, Index, dictionary, hashes_of
 from evaluator.engine.codebook import NONE
 
 SEGMENT_FORMAT = 4
-"""The version of :func:`encode_segment`'s layout (its first element): 4 has a fifth
-label column (the interleaving draft); 3 (read) may store a
+"""The version of :func:`encode_segment`'s layout (its first element): 4 may have a
+fifth label column (the interleaving draft, when a row has one); 3 (read) may store a
 column of codes through the segment's own dictionary (:data:`DICTIONARY`); 2 (read)
 stores the impression times as offsets from the first, every fixed column in its
 fewest bytes and UUID ids as 16 bytes; 1 (read) stored them as held in memory."""
@@ -133,7 +133,7 @@ def encode_segment(chunk: Chunk) -> bytes:
             [
                 base,
                 *_packed(_fewest(chunk.ts - base)),
-                *_packed(_fewest(chunk.labels)),
+                *_packed(_fewest(_written_labels(chunk.labels))),
                 *_packed(_fewest(chunk.randomized)),
             ],
             [
@@ -145,6 +145,14 @@ def encode_segment(chunk: Chunk) -> bytes:
             ],
         ]
     )
+
+
+def _written_labels(labels: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """The label columns a segment stores: the draft's only when a row is interleaved
+    (most segments have none, and read back with the column all -1)."""
+    if labels.shape[1] < LABELS or bool((labels[:, LABELS - 1] != NONE).any()):
+        return labels
+    return labels[:, : LABELS - 1]
 
 
 def decode_segment(raw: bytes) -> Chunk:
@@ -160,7 +168,7 @@ def decode_segment(raw: bytes) -> Chunk:
     ids, users, items, shadow = (_ragged(*ragged[k]) for k in (0, 1, 2, 4))
     attributes, values = _attributes(ragged[3])
     n = int(ts.size)
-    labels = labels.reshape(n, LABELS if version >= 4 else 4)
+    labels = labels.reshape(n, labels.size // n if n else LABELS)
     if labels.shape[1] < LABELS:  # written before the draft: none is interleaved
         labels = np.pad(labels, ((0, 0), (0, LABELS - labels.shape[1])), constant_values=NONE)
     return Chunk(
