@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 
 from evaluator.core.ab.interleaving import (
+    DRAFT_POSITIONS,
+    NONE,
     TEAM_A,
     TEAM_B,
     Credited,
@@ -251,6 +253,16 @@ def test_interleaving_reaches_the_ab_tests_power_with_a_tenth_of_its_users() -> 
     )
     assert 0.6 <= ab_power <= 0.97  # the margin is the one the issue names
     assert il_power >= 0.8
+
+
+def test_only_the_first_64_positions_are_credited() -> None:
+    """A long interleaved list keeps (and credits) its first DRAFT_POSITIONS teams: a
+    credit at position 64 (1-based) counts, one at position 65 does not."""
+    teams = ["A", "B"] * 50
+    label = draft(teams, {"A": "x", "B": "y"})
+    assert label == pair_key("x", "y") + "\x1e" + "01" * (DRAFT_POSITIONS // 2)
+    found = credit([label, label], np.array([0, 1]), np.array([63, 64]), np.ones(2))
+    assert found.outcome.tolist() == [1, NONE]  # position 64 is y's (B); 65 is past the cap
 
 
 @pytest.mark.parametrize(

@@ -270,8 +270,13 @@ def score(
     variant_names, variant = variants or variant_codes(requests)
     cap = min_relevant_history
     cohort = cohorts(requests, attribution.relevant_user, attribution.relevant_ms, cap)
-    drafts = [draft(e.teams, e.interleaving) if e.teams and e.interleaving else "" for e in events]
-    credited = credit(drafts, *attribution.attributed) if any(drafts) else None
+    interleaved = [i for i, e in enumerate(events) if e.teams is not None]
+    credited = None
+    if interleaved:
+        drafts = [""] * n
+        for i in interleaved:
+            drafts[i] = draft(events[i].teams or [], events[i].interleaving or {})
+        credited = credit(drafts, *attribution.attributed)
     return ScoredRequests(requests, scores, variant_names, variant, cohort, credited)
 
 

@@ -84,8 +84,6 @@ def _impression_texts(event: Impression, items: Sequence[str] | None = None) -> 
 def _check_teams(event: Impression, n_items: int) -> str | None:
     """What is wrong with an impression's interleaving fields (None: nothing)."""
     teams, rankers = event.teams, event.interleaving
-    if teams is None and rankers is None:
-        return None
     if teams is None or rankers is None:
         return "teams and interleaving come together"
     if len(rankers) != 2 or len(set(rankers.values())) != 2 or not all(rankers.values()):
@@ -140,9 +138,10 @@ def _check_listed(
                     InvalidReason.INVALID_FIELD,
                     f"item_attributes.{name} has {len(values)} values for {n_items} items",
                 )
-    wrong = _check_teams(event, n_items)
-    if wrong:
-        return InvalidReason.INVALID_FIELD, wrong
+    if event.teams is not None or event.interleaving is not None:
+        wrong = _check_teams(event, n_items)
+        if wrong:
+            return InvalidReason.INVALID_FIELD, wrong
     if texts is not None and _reserved(*texts):
         return InvalidReason.INVALID_FIELD, "a string holds U+001E or U+001F (reserved)"
     return None

@@ -36,6 +36,17 @@ class Families:
             yield family
 
 
+Spec = dict[str, tuple[str, list[str]]]
+
+
+def _bounded(spec: Spec, name: str, text: str, of: str, labels: list[str]) -> None:
+    """A value's family and its always-valid bounds' (``_lower``, ``_upper``)."""
+    spec[name] = (text, labels)
+    for side in ("lower", "upper"):
+        bound = f"{side.capitalize()} always-valid bound (1 - ab.alpha) of {of}."
+        spec[f"{name}_{side}"] = (bound, labels)
+
+
 def new_families() -> Families:
     spec = {
         "recsys_eval_requests": (
@@ -134,16 +145,14 @@ def new_families() -> Families:
         "the one to watch with several; fixed is valid for a single look only).",
         [*ab, "method"],
     )
-    for suffix, text in (
-        (
-            "",
-            "Variant minus control, mean nDCG@K since the experiment's start, adjusted "
-            "by the users' pre-exposure activity (CUPED): the same effect, less noise.",
-        ),
-        ("_lower", "Lower always-valid bound (1 - ab.alpha) of the CUPED-adjusted difference."),
-        ("_upper", "Upper always-valid bound (1 - ab.alpha) of the CUPED-adjusted difference."),
-    ):
-        spec["recsys_eval_ab_cuped_ndcg_diff" + suffix] = (text, ab)
+    _bounded(
+        spec,
+        "recsys_eval_ab_cuped_ndcg_diff",
+        "Variant minus control, mean nDCG@K since the experiment's start, adjusted "
+        "by the users' pre-exposure activity (CUPED): the same effect, less noise.",
+        "the CUPED-adjusted difference",
+        ab,
+    )
     spec["recsys_eval_ab_cuped_p_value"] = (
         "p-value of the CUPED-adjusted difference (methods as recsys_eval_ab_p_value).",
         [*ab, "method"],
@@ -154,16 +163,14 @@ def new_families() -> Families:
         ab,
     )
     pair = ["experiment", "ranker_a", "ranker_b"]
-    for suffix, text in (
-        (
-            "",
-            "Team-draft interleaving since the experiment's start: preference for ranker_b "
-            "over ranker_a, (wins - losses) / informative requests, in [-1, 1].",
-        ),
-        ("_lower", "Lower always-valid bound (1 - ab.alpha) of the interleaving preference."),
-        ("_upper", "Upper always-valid bound (1 - ab.alpha) of the interleaving preference."),
-    ):
-        spec["recsys_eval_interleaving_preference" + suffix] = (text, pair)
+    _bounded(
+        spec,
+        "recsys_eval_interleaving_preference",
+        "Team-draft interleaving since the experiment's start: preference for ranker_b "
+        "over ranker_a, (wins - losses) / informative requests, in [-1, 1].",
+        "the interleaving preference",
+        pair,
+    )
     spec["recsys_eval_interleaving_p_value"] = (
         "p-value of the interleaving preference against none (method: sequential is "
         "always valid; fixed is valid for a single look only).",

@@ -53,15 +53,21 @@ PAIR = "\x1e"
 identifier may hold: a pair's key never equals a variant)."""
 NONE = -2
 """The outcome of a request that tells nothing (not interleaved, or no credit)."""
+DRAFT_POSITIONS = 64
+"""Positions a draft keeps (and credits): interleaving compares the top of a list, and
+a cap bounds what a producer sending a new team pattern with every long list costs
+the codebook (its drafts stay coded until the book is rebuilt)."""
 
 
 def draft(teams: Sequence[str], rankers: Mapping[str, str]) -> str:
     """An interleaved list's draft: the rankers' names in sorted order, then per position
-    ``0`` (the first name's pick) or ``1``; ``teams``: each position's team, a key of
-    ``rankers`` (two teams, two different names)."""
+    (the first :data:`DRAFT_POSITIONS`) ``0`` (the first name's pick) or ``1``;
+    ``teams``: each position's team, a key of ``rankers`` (two teams, two different
+    names)."""
     first, second = sorted(rankers.values())
     bit = {team: "0" if name == first else "1" for team, name in rankers.items()}
-    return first + PAIR + second + PAIR + "".join(map(bit.__getitem__, teams))
+    picks = "".join(map(bit.__getitem__, teams[:DRAFT_POSITIONS]))
+    return first + PAIR + second + PAIR + picks
 
 
 def pair_key(first: str, second: str) -> str:
@@ -198,6 +204,7 @@ def outcomes(teams: npt.NDArray[np.int8], row: I64, position: I64, grade: FloatA
 
 
 __all__ = [
+    "DRAFT_POSITIONS",
     "NONE",
     "PAIR",
     "TEAM_A",
