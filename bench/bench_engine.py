@@ -48,6 +48,14 @@ from evaluator.engine.ports import StateStore
 from evaluator.engine.runtime import tune_gc
 from evaluator.engine.tasks import Tasks
 
+REGRESSION = {
+    "on": {},
+    "final": {"provisional_age": 0},
+    "off": {"enabled": False},
+}
+"""``--regression``: the detector's history with provisional scoring (the defaults),
+without the provisional scoring, or none."""
+
 TIMED = [
     ("decode and route", "evaluator.engine.routing", "Decoder.route"),
     ("  impressions decoded", "evaluator.engine.routing", "decode_impression_spans"),
@@ -167,6 +175,12 @@ def main() -> None:
     parser.add_argument(
         "--partitions", type=int, default=1, help="events keyed by user over this many"
     )
+    parser.add_argument(
+        "--regression",
+        choices=["on", "final", "off"],
+        default="on",
+        help="the regression history with provisional scoring (the default), final only, none",
+    )
     parser.add_argument("--profile", action="store_true")
     parser.add_argument(
         "--stages", action="store_true", help="CPU per event of each stage (TIMED), all runs"
@@ -190,6 +204,7 @@ def main() -> None:
             overrides={
                 "join": {"attribution_window": args.attribution_window},
                 "redis": {"key_prefix": prefix},
+                "regression": REGRESSION[args.regression],
             },
         )
         store, raw = _store(args.store, settings, prefix, args.partitions)

@@ -100,9 +100,29 @@ def main() -> None:
             f"{sketch_bytes / 1e6:6.2f} MB"
         )
     print(f"  window state per variant: {total / 1e6:.1f} MB")
+    history(raw, prefix, layout.history_keep_ms)
     for key in raw.scan_iter(f"{{{prefix}:*", count=1000):
         raw.unlink(key)
     raw.delete(f"{{{prefix}:meta}}:layout")
+
+
+def history(raw: redis.Redis, prefix: str, keep_ms: int) -> None:
+    """The regression detector's history: one array per hour and variant (final, and
+    provisional under a marked name) plus its index entry, kept ``keep_ms``."""
+    arrays = list(raw.scan_iter(f"{{{prefix}:0}}:rh:*", count=1000))
+    if not arrays:
+        return
+    size = sum(int(raw.memory_usage(k, samples=0) or 0) for k in arrays)  # type: ignore[arg-type]
+    index = int(raw.memory_usage(f"{{{prefix}:0}}:rhi", samples=0) or 0)  # type: ignore[arg-type]
+    per_array = (size + index) / len(arrays)
+    provisional = sum(1 for k in arrays if b"\x1d" in k)
+    hours = keep_ms / 3_600_000
+    per_variant = per_array * hours * (2 if provisional else 1)
+    print(
+        f"  regression history: {len(arrays)} arrays ({provisional} provisional), "
+        f"{per_array:.0f} bytes per hour and variant with its index entry; kept "
+        f"{hours:.0f} h: {per_variant / 1e6:.2f} MB per variant and partition"
+    )
 
 
 if __name__ == "__main__":

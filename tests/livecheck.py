@@ -11,12 +11,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from evaluator.app.replay import evaluate_files, load_events
+from evaluator.app.replay import evaluate_files, load_events, replay_history
 from evaluator.config import Settings
 from evaluator.core.ab.interleaving import is_pair, pair_key
 from evaluator.core.batch import attribute, dedupe_impressions
 from evaluator.core.batch import observations as observations_of
 from evaluator.core.propensity.estimation import increments
+from evaluator.core.provisional import PROVISIONAL
 from evaluator.core.rows import INTERLEAVING
 from evaluator.engine.batches import PartitionBatch
 from evaluator.engine.partitioner import PartitionOf
@@ -157,7 +158,20 @@ def compare_with_replay(
     compare_totals(totals, report, settings)
     compare_coverage(store, events, settings, report)
     compare_experiment(store, events, settings, report)
+    compare_history(store, imp, inter, settings)
     return report
+
+
+def compare_history(store: StateStore, imp: Path, inter: Path, settings: Settings) -> None:
+    """The regression detector's history, final and provisional slots, is exactly what
+    replay computes from the same events: every request counted once, in its slot,
+    scored early with the interactions of its first ``regression.provisional_age``."""
+    stored, replayed = store.history(0), replay_history(imp, inter, settings)
+    if settings.provisional().lead:
+        assert any(name.startswith(PROVISIONAL) for _, name in stored)
+    assert stored.keys() == replayed.keys()
+    for key, array in replayed.items():
+        assert np.array_equal(stored[key], array), key
 
 
 def compare_experiment(

@@ -39,6 +39,8 @@ T0 = 1_767_225_600_000
 
 PREFIXES = (
     "recsys_eval_ab_",
+    "recsys_eval_regression",
+    "recsys_eval_provisional",
     "recsys_eval_srm",
     "recsys_eval_requests",
     "recsys_eval_interleaving",

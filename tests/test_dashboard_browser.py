@@ -57,18 +57,24 @@ def test_dashboard_renders_live_values(demo_server, tmp_path) -> None:
         # ... and until the A/B band and both variants' lines are drawn
         wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "#ab-chart path.band")) >= 1)
         # ... and until every nDCG line (raw and adjusted, both variants) has several points
+        final = "#ndcg-chart path.series.raw, #ndcg-chart path.series.adjusted"
         wait.until(
             lambda b: all(
-                "L" in (p.get_attribute("d") or "")
-                for p in b.find_elements(By.CSS_SELECTOR, "#ndcg-chart path.series")
+                "L" in (p.get_attribute("d") or "") for p in b.find_elements(By.CSS_SELECTOR, final)
             )
         )
-        lines = browser.find_elements(By.CSS_SELECTOR, "#ndcg-chart path.series")
+        lines = browser.find_elements(By.CSS_SELECTOR, final)
         assert len(lines) == 4
         assert {line.get_attribute("data-variant") for line in lines} == {"control", "treatment"}
         assert all(len(line.get_attribute("d")) > 10 for line in lines)
         legend = browser.find_element(By.ID, "ndcg-legend").text
         assert "control: raw 0." in legend and "treatment: raw 0." in legend
+        # the provisional line: the newest requests' estimated final nDCG, per variant
+        early = "#ndcg-chart path.series.provisional"
+        wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, early)) == 2)
+        young = browser.find_elements(By.CSS_SELECTOR, early)
+        assert {line.get_attribute("data-variant") for line in young} == {"control", "treatment"}
+        assert "provisional 0." in browser.find_element(By.ID, "ndcg-legend").text
         # the table has a column per exported metric of the registry, a row per variant
         table = browser.find_element(By.ID, "metrics-table")
         heads = [h.text for h in table.find_elements(By.CSS_SELECTOR, "th")]

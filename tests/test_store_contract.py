@@ -916,3 +916,54 @@ def test_redis_sketches_live_as_long_as_their_windows_blocks(
     for window, found in ttls.items():
         assert all(0 < ttl <= block_ttl_s(window) for ttl in found), (window, found)
     store.close()
+
+
+def test_regression_history_sums_each_slot_and_is_bounded_by_event_time(make_store) -> None:
+    """The regression detector's history: per (hour, variant) each slot's requests,
+    engaged requests and nDCG sums, summed over partitions, equal to what the
+    checkpointed rows hold (whole numbers: exact in any order); a partition's arrays
+    that fell the history's length behind its newest are dropped (memory) or deleted
+    (Redis), so a long run's history stays bounded."""
+    from evaluator.core.regression import HOUR_MS, RegressionRules, row_columns
+    from evaluator.core.regression import history_increments as sums
+
+    layout = SETTINGS.layout()
+    assert layout.history_keep_ms > 3 * 7 * 24 * HOUR_MS  # on by default
+    store = make_store(layout)
+    rules = RegressionRules(ks=layout.ks, slot_ms=layout.history_slot_ms)
+    written: dict[tuple[int, str, int], np.ndarray] = {}
+    step = 7 * HOUR_MS
+    for n in range(4 * 7 * 24 * HOUR_MS // step):
+        for p, variant in ((0, "A"), (1, "B"), (2, "A")):
+            ts = n * step + 1_000 + 60_000 * p
+            rid, user = f"r{n}-{p}", f"u{p}"
+            owner = Driver(store, partition=p)
+            clicks = [(f"c{n}-{p}", user, "b", rid, ts + 500, "click")] if n % 3 else []
+            payload = impression(rid, user, ts, ["a", "b", "c"], variant=variant)
+            owner.ingest(decode_impressions([payload])[0], interactions(*clicks))
+            for done in owner.finalise(CONFIG.deadline(ts)):
+                rows = done.rows[:, row_columns(layout.schema, layout.ks)]
+                for (hour, v), array in sums(
+                    rules, done.deadline_ms, done.due.variant, rows
+                ).items():
+                    written[(hour, v, p)] = written.get((hour, v, p), 0) + array
+    kept: dict[tuple[int, str], np.ndarray] = {}
+    alive = 0
+    for p in range(3):
+        newest = max(hour for hour, _, q in written if q == p)
+        for (hour, v, q), array in written.items():
+            if q == p and hour >= newest - layout.history_keep_ms:
+                kept[(hour, v)] = kept.get((hour, v), 0) + array
+                alive += 1
+    assert alive < len(written)  # some fell out of the history
+    found = store.history(0)
+    assert found.keys() == kept.keys()
+    for key, array in kept.items():
+        assert np.array_equal(found[key], array), key
+    assert sum(float(a[:, 1].sum()) for a in found.values()) > 0  # engaged requests
+    later = max(hour for hour, _ in kept) - 5 * 24 * HOUR_MS
+    assert store.history(later).keys() == {k for k in kept if k[0] >= later}
+    if make_store.kind == "memory":
+        assert len(store._history) == alive
+    elif make_store.kind == "redis":  # deleted by event time, not left to their TTL
+        assert sum(len(store.client.keys(f"{store.tag(p)}rh:*")) for p in range(3)) == alive

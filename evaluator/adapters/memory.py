@@ -22,11 +22,13 @@ from evaluator.core.propensity.estimation import (
     first_kept_day,
     increments,
 )
+from evaluator.core.regression import HistoryKey
 from evaluator.core.windows import AggregateLayout, expand_shards
 from evaluator.engine.checkpoint import Checkpoint, Delta, Marks, Outcome
 from evaluator.engine.commit_payload import (
     covariate_increments,
     experiment_increments,
+    history_increments,
     merge_increments,
 )
 from evaluator.engine.ports import FloatArray
@@ -65,6 +67,8 @@ class MemoryStore:
         self._experiments: dict[tuple[str, int], FloatArray] = {}
         """(experiment US variant, shard) -> cumulative block."""
         self._exposures: Counter[str] = Counter()
+        self._history: dict[tuple[int, str, int], FloatArray] = {}
+        """(hour start, variant, partition) -> the regression detector's array."""
 
     def check_layout(self) -> None:
         return None
@@ -167,8 +171,35 @@ class MemoryStore:
                     )
                 self._add_propensity(observed, done.propensity_positions)
                 observed = {}
+            self._add_history(partition, delta)
             self._prune(partition, written)
             return Outcome.WRITTEN
+
+    def _add_history(self, partition: int, delta: Delta) -> None:
+        """Add the regression history and drop this partition's arrays that fell
+        ``history_keep_ms`` behind its newest written, as ``add_history`` (lua/lib.lua)."""
+        added = merge_increments(
+            [history_increments(d, self.layout) for d in delta.finalised] + [delta.provisional]
+        )
+        for (hour, variant), array in added.items():
+            key = (hour, variant, partition)
+            found = self._history.get(key)
+            self._history[key] = array if found is None else found + array
+        if added:
+            first = max(hour for hour, _ in added) - self.layout.history_keep_ms
+            self._history = {
+                k: a for k, a in self._history.items() if k[2] != partition or k[0] >= first
+            }
+
+    def history(self, since_ms: int) -> dict[HistoryKey, FloatArray]:
+        with self._lock:
+            found = list(self._history.items())
+        out: dict[HistoryKey, FloatArray] = {}
+        for (hour, variant, _), array in found:
+            if hour >= since_ms:
+                key = (hour, variant)
+                out[key] = out[key] + array if key in out else array.copy()
+        return out
 
     def _prune(self, partition: int, written: dict[int, int]) -> None:
         """Drop what fell two window lengths behind the oldest bucket just written, as

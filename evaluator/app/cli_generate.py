@@ -9,7 +9,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from evaluator.app.cli_common import (
     Parser,
@@ -23,46 +23,27 @@ from evaluator.app.cli_common import (
 from evaluator.app.logs import setup_logging
 from evaluator.config import Settings, load_settings
 
+if TYPE_CHECKING:
+    from evaluator.core.simulator import SimulationConfig
+
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
     import threading
 
     from evaluator.app.run import install_signal_handlers
-    from evaluator.app.simulate import FileSink, config_from_args, simulate, write_truth
+    from evaluator.app.simulate import FileSink, simulate, write_truth
 
     settings = load_settings(args.config)
     setup_logging()
-    options = {
-        "eta": args.eta,
-        "mode": args.mode,
-        "users": args.users,
-        "items": args.items,
-        "randomized_fraction": args.randomized_fraction,
-        "randomization": args.randomization,
-        "late_fraction": args.late_fraction,
-        "duplicate_fraction": args.duplicate_fraction,
-        "malformed_fraction": args.malformed_fraction,
-        "out_of_order_fraction": args.out_of_order_fraction,
-        "interleave": args.interleave or None,
-    }
-    try:
-        config = config_from_args(settings, args.seed, args.variant, options, args.start_ms)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    config = _simulation_config(settings, args)
     if args.out_dir is None and not args.kafka:
         raise UsageError("name a destination: --out-dir DIR or --kafka")
     positive(requests=args.requests, rate=args.rate if args.rate else None)
     stop = threading.Event()
     install_signal_handlers(stop)
     if args.kafka:
-        import time
-
         from evaluator.adapters.kafka import KafkaSink
 
-        if args.start_ms is None:
-            config = config_from_args(
-                settings, args.seed, args.variant, options, time.time_ns() // 1_000_000
-            )
         sink: Any = KafkaSink(settings.kafka)
     else:
         sink = FileSink(args.out_dir)
@@ -81,6 +62,49 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     if truth_path is not None:
         print(f"ground truth: {truth_path}", file=sys.stderr)
     return 0
+
+
+def _simulation_config(settings: Settings, args: argparse.Namespace) -> SimulationConfig:
+    """``simulate``'s flags as a SimulationConfig (a bad value: one line naming its flag).
+    With --kafka and no --start-ms, event time starts now (live traffic)."""
+    import time
+
+    from evaluator.app.simulate import config_from_args
+
+    options = {
+        "eta": args.eta,
+        "mode": args.mode,
+        "users": args.users,
+        "items": args.items,
+        "randomized_fraction": args.randomized_fraction,
+        "randomization": args.randomization,
+        "late_fraction": args.late_fraction,
+        "duplicate_fraction": args.duplicate_fraction,
+        "malformed_fraction": args.malformed_fraction,
+        "out_of_order_fraction": args.out_of_order_fraction,
+        "interleave": args.interleave or None,
+        "requests_per_second": args.requests_per_second,
+    }
+    seasons = {
+        "daily_amplitude": args.daily_amplitude,
+        "weekly_dip": args.weekly_dip,
+        "relevance_amplitude": args.relevance_amplitude,
+    }
+    start_ms = args.start_ms
+    if args.kafka and start_ms is None:
+        start_ms = time.time_ns() // 1_000_000
+    try:
+        return config_from_args(
+            settings,
+            args.seed,
+            args.variant,
+            options,
+            start_ms,
+            seasons=seasons,
+            regression=args.inject_regression,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def add_simulate(sub: argparse._SubParsersAction[Parser]) -> None:
@@ -113,6 +137,7 @@ def add_simulate(sub: argparse._SubParsersAction[Parser]) -> None:
         help="show every request the team-draft interleaving of the first two variants "
         "(variant 'interleaved'; the truth gives the preference)",
     )
+    _add_season_flags(p)
     p.add_argument(
         "--start-ms",
         type=int,
@@ -122,6 +147,42 @@ def add_simulate(sub: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument("--truth", type=Path, help="ground-truth JSON path (default: stdout/out-dir)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_cmd_simulate)
+
+
+def _add_season_flags(p: argparse.ArgumentParser) -> None:
+    """Seasonality and an injected regression (evaluator.core.seasons); all off by default."""
+    p.add_argument(
+        "--requests-per-second",
+        type=float,
+        metavar="R",
+        help="requests per second of event time (default 100; a weekday's mean with the cycles)",
+    )
+    p.add_argument(
+        "--daily-amplitude",
+        type=float,
+        metavar="A",
+        help="request rate x (1 + A cos(2π (t - 20:00 UTC) / 1 day)), A in [0, 1) (default 0)",
+    )
+    p.add_argument(
+        "--weekly-dip",
+        type=float,
+        metavar="SHARE",
+        help="request rate lower by SHARE on Saturdays and Sundays (UTC), in [0, 1) (default 0)",
+    )
+    p.add_argument(
+        "--relevance-amplitude",
+        type=float,
+        metavar="A",
+        help="click probabilities x (1 + A cos(2π (t - 20:00 UTC) / 1 day)), at most 1; "
+        "A in [0, 1] (default 0)",
+    )
+    p.add_argument(
+        "--inject-regression",
+        metavar="VARIANT:DROP:AFTER",
+        help="from AFTER (after the start: 6h; or an instant) on, VARIANT's click "
+        "probabilities x (1 - DROP), e.g. treatment:0.03:6h; the truth gives the nDCG "
+        "before and after",
+    )
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

@@ -18,7 +18,9 @@ from evaluator.app.forked import Forked
 from evaluator.config import Settings
 from evaluator.config.plain import readout_config
 from evaluator.core.batch import (
+    Attribution,
     EstimationConfig,
+    ScoredRequests,
     attribute,
     dedupe_impressions,
     estimate_propensities,
@@ -28,9 +30,11 @@ from evaluator.core.batch import (
 from evaluator.core.decode import decode_impressions, decode_interactions, latest_accepted_ms
 from evaluator.core.events import ImpressionBatch, InteractionColumns, InvalidEvent
 from evaluator.core.propensity.estimation import Estimate
+from evaluator.core.regression import WEEK_MS, FloatArray, HistoryKey
 from evaluator.core.timeutil import format_instant_ms
 from evaluator.engine.batches import wall_clock_ms
 from evaluator.readout.ab_report import experiment_readouts
+from evaluator.readout.regression import Early, file_detections, file_history, regression_json
 from evaluator.readout.report import EventCounts, build_report, read_file, render_table, set_level
 
 MAX_INVALID_SAMPLES = 1000
@@ -179,6 +183,9 @@ def evaluate_files(
         ab = experiment_readouts(scored, readout, relevant)
         model = read_file(scored, readout, setlevel, ab)
         report = build_report(model, attribution.outcomes, duplicates, counts, readout)
+        regression = regression_report(settings, scored, attribution, curve)
+        if regression is not None:
+            report["regression"] = regression
         report["settings"]["now"] = format_instant_ms(now_ms)
         report["settings"]["max_future"] = settings.event_time.max_future
         if p.estimated and curve is None:
@@ -186,6 +193,52 @@ def evaluate_files(
         if estimates:
             report["propensity"] = propensity_report(estimates, curve)
         return report
+
+
+def regression_report(
+    settings: Settings,
+    scored: ScoredRequests,
+    attribution: Attribution,
+    curve: tuple[float, ...] | None,
+) -> dict[str, Any] | None:
+    """The regression detector at the file's end, final and provisional data computed as
+    the engine stores them (None: the detector is off). Files spanning less than a week
+    cannot arm it (its baseline is the same time a week before): it says so, unread."""
+    readout = readout_config(settings)
+    if readout.regression is None:
+        return None
+    times = scored.requests.timestamp_ms
+    if not times or max(times) - min(times) < WEEK_MS:
+        return {"at": None, "variants": {}, "reason": SHORT}
+    early = _early(settings, attribution, curve)
+    found, end = file_detections(scored, early, readout.regression, readout.zero_relevance)
+    return regression_json(found, end)
+
+
+SHORT = "the files span less than a week: the detector's baseline is a week back"
+
+
+def _early(settings: Settings, attribution: Attribution, curve: tuple[float, ...] | None) -> Early:
+    delay = settings.finalise_config().deadline(0)
+    return Early(
+        attribution.attributed, settings.scoring(curve), delay, settings.provisional().key_ms
+    )
+
+
+def replay_history(
+    impressions: Path, interactions: Path, settings: Settings
+) -> dict[HistoryKey, FloatArray]:
+    """The regression history (final and provisional arrays) that the engine stores
+    for two event files, computed as replay computes (to compare the two exactly)."""
+    imps, ints, _ = load_events(impressions, interactions, settings, False, wall_clock_ms())
+    requests = dedupe_impressions(imps)
+    attribution = attribute(requests, ints, settings.join.rules())
+    scored = score(
+        requests, attribution, settings.scoring(), settings.cold_start.min_relevant_history
+    )
+    rules = readout_config(settings).regression
+    assert rules is not None
+    return file_history(scored, _early(settings, attribution, None), rules)
 
 
 def estimation_config(settings: Settings) -> EstimationConfig:

@@ -14,7 +14,9 @@ from typing import IO, Protocol
 from tqdm import tqdm
 
 from evaluator.config import Settings
-from evaluator.core.simulator import Kind, SimEvent, SimulationConfig, Simulator
+from evaluator.core.seasons import Regression, Seasons, out_of_range
+from evaluator.core.simulator import T0_MS, Kind, SimEvent, SimulationConfig, Simulator
+from evaluator.core.timeutil import format_instant_ms, parse_duration_ms, parse_instant_ms
 
 
 class EventSink(Protocol):
@@ -160,8 +162,13 @@ def config_from_args(
     variants: list[str] | None,
     options: dict[str, float | int | str | None],
     start_ms: int | None,
+    *,
+    seasons: dict[str, float | None] | None = None,
+    regression: str | None = None,
 ) -> SimulationConfig:
-    """A simulation config from CLI values; cutoffs and gain follow the evaluator's."""
+    """A simulation config from CLI values; cutoffs and gain follow the evaluator's.
+    ``seasons``: Seasons fields by name (None: not given); ``regression``: the
+    ``--inject-regression`` value. A ValueError names the flag at fault."""
     parsed: list[tuple[str, float]] = []
     for spec in variants or []:
         name, _, noise = spec.partition(":")
@@ -179,9 +186,73 @@ def config_from_args(
         kwargs["variants"] = tuple(parsed)
     if start_ms is not None:
         kwargs["start_ms"] = start_ms
+    if seasons and any(v is not None for v in seasons.values()):
+        kwargs["seasons"] = season_flags(seasons)
+    if regression is not None:
+        names = [n for n, _ in parsed] or [n for n, _ in SimulationConfig().variants]
+        eligible = names[:2] if options.get("interleave") else names
+        kwargs["regression"] = parse_regression(
+            regression, eligible, T0_MS if start_ms is None else start_ms
+        )
     return SimulationConfig(
         seed=seed,
         ks=tuple(settings.metrics.k),
         gain=settings.metrics.gain,
         **kwargs,  # type: ignore[arg-type]
     )
+
+
+def season_flags(values: dict[str, float | None]) -> Seasons:
+    """``--daily-amplitude``, ``--weekly-dip``, ``--relevance-amplitude`` (Seasons
+    fields by name; None: not given) as seasons; a ValueError names the flag."""
+    given = {name: value for name, value in values.items() if value is not None}
+    for name, value in given.items():
+        reason = out_of_range(name, value)
+        if reason is not None:
+            raise ValueError(f"--{name.replace('_', '-')} {reason}")
+    return Seasons(
+        daily_amplitude=given.get("daily_amplitude", 0.0),
+        weekly_dip=given.get("weekly_dip", 0.0),
+        relevance_amplitude=given.get("relevance_amplitude", 0.0),
+    )
+
+
+def parse_regression(spec: str, variants: list[str], start_ms: int) -> Regression:
+    """``--inject-regression VARIANT:DROP:AFTER``: DROP a share (0.03) or a percentage
+    (3%); AFTER a duration after the simulation's start (6h, 90m, 250ms; digits are
+    ms) or an instant (2026-01-01T06:00:00Z). A ValueError names the flag."""
+    flag = f"--inject-regression {spec!r}"
+    name, _, rest = spec.partition(":")
+    drop_text, _, after_text = rest.partition(":")
+    if not name.strip() or not drop_text.strip() or not after_text.strip():
+        raise ValueError(f"{flag}: use VARIANT:DROP:AFTER, e.g. treatment:0.03:6h")
+    if name not in variants:
+        raise ValueError(f"{flag}: {name!r} is not a variant here ({', '.join(variants)})")
+    try:
+        text = drop_text.strip()
+        drop = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise ValueError(f"{flag}: DROP must be a share such as 0.03 (or 3%)") from None
+    reason = out_of_range("drop", drop)
+    if reason is not None:
+        raise ValueError(f"{flag}: DROP {reason}")
+    return Regression(name, drop, _after_ms(flag, after_text, start_ms))
+
+
+def _after_ms(flag: str, text: str, start_ms: int) -> int:
+    """AFTER of ``--inject-regression``: ms after the simulation's start."""
+    try:
+        return parse_duration_ms(text)
+    except ValueError:
+        pass
+    try:
+        after = parse_instant_ms(text) - start_ms
+    except ValueError:
+        raise ValueError(
+            f"{flag}: AFTER must be a duration after the start such as 6h, or an instant "
+            "such as 2026-01-01T06:00:00Z"
+        ) from None
+    if after < 0:
+        start = format_instant_ms(start_ms)
+        raise ValueError(f"{flag}: AFTER is before the simulation's start ({start})")
+    return after

@@ -14,6 +14,7 @@ from typing import Literal
 import msgspec
 
 from evaluator.config.ab import ABSettings
+from evaluator.config.regression import Provisional, RegressionSettings
 from evaluator.config.services import (
     ENGINE_DEFAULTS,
     EngineSettings,
@@ -257,6 +258,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     redis: RedisSettings = msgspec.field(default_factory=RedisSettings)
     engine: EngineSettings = msgspec.field(default_factory=EngineSettings)
     ab: ABSettings = msgspec.field(default_factory=ABSettings)
+    regression: RegressionSettings = msgspec.field(default_factory=RegressionSettings)
     http: HttpSettings = msgspec.field(default_factory=HttpSettings)
 
     def __post_init__(self) -> None:
@@ -310,13 +312,28 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
         if partitions is not None:
             shards = partitions
             user_buckets = partitions * -(-user_buckets // partitions)
+        ks = tuple(self.metrics.k)
+        early = self.provisional()
         return AggregateLayout(
-            ks=tuple(self.metrics.k),
+            ks=ks,
             windows_ms=tuple(self.windows.sizes_ms()),
             buckets_per_window=self.windows.buckets_per_window,
             user_buckets=user_buckets,
             shards=shards,
+            history_slot_ms=setting_ms("slot", self.regression.slot),
+            history_keep_ms=self.regression.keep_ms(ks),
+            provisional_ms=early.at_ms,
+            provisional_age_ms=early.age_ms,
+            provisional_key_ms=early.key_ms,
         )
+
+    def provisional(self) -> Provisional:
+        """When requests are scored early for provisional nDCG (see ``[regression]``)."""
+        rules = self.join.rules()
+        lateness = self.event_time.ms("allowed_lateness")
+        delay = deadline_ms(0, rules, lateness)
+        fixed = rules.max_clock_skew_ms + lateness
+        return self.regression.provisional(rules.attribution_window_ms, delay, fixed)
 
     def finalise_config(
         self,

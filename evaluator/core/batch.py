@@ -266,7 +266,7 @@ def score(
     curve it carries), variant and cohort."""
     events = requests.events
     n = len(events)
-    scores = score_sparse(n, *attribution.attributed, scoring)
+    scores = score_sparse(n, *attribution.attributed[:3], scoring)
     variant_names, variant = variants or variant_codes(requests)
     cap = min_relevant_history
     cohort = cohorts(requests, attribution.relevant_user, attribution.relevant_ms, cap)
@@ -276,7 +276,7 @@ def score(
         drafts = [""] * n
         for i in interleaved:
             drafts[i] = draft(events[i].teams or [], events[i].interleaving or {})
-        credited = credit(drafts, *attribution.attributed)
+        credited = credit(drafts, *attribution.attributed[:3])
     return ScoredRequests(requests, scores, variant_names, variant, cohort, credited)
 
 

@@ -131,18 +131,26 @@ def deadline_ms(impression_ms: int, rules: JoinRules, allowed_lateness_ms: int) 
 
 class Attributed(NamedTuple):
     """Attributed interactions as columns: the request row each joined, the item's
-    0-based position in its list, and its grade."""
+    0-based position in its list, its grade, and the interaction's time."""
 
     row: I64
     position: I64
     grade: FloatArray
+    ms: I64
 
     @staticmethod
     def join(parts: Sequence[Attributed]) -> Attributed:
         """The parts one after another (their order is kept)."""
         if not parts:
-            return Attributed(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
+            empty = np.zeros(0, np.int64)
+            return Attributed(empty, empty, np.zeros(0), empty)
         return Attributed(*(np.concatenate(columns) for columns in zip(*parts, strict=True)))
+
+    def within(self, request_ms: I64, age_ms: int) -> Attributed:
+        """Only the interactions at most ``age_ms`` after their request's impression
+        (``request_ms`` per row): what was known of the requests at that age."""
+        keep = self.ms <= request_ms[self.row] + age_ms
+        return Attributed(self.row[keep], self.position[keep], self.grade[keep], self.ms[keep])
 
 
 def attribute_named(
@@ -162,7 +170,8 @@ def attribute_named(
     )
     count_outcomes(codes, outcomes)
     ok = np.flatnonzero(codes == 0)
-    return Attributed(np.asarray(rows, dtype=np.int64)[ok], positions[ok], grades[ok])
+    rows = np.asarray(rows, dtype=np.int64)
+    return Attributed(rows[ok], positions[ok], grades[ok], np.asarray(times, np.int64)[ok])
 
 
 def attribute_loose(
@@ -196,7 +205,8 @@ def attribute_loose(
         count_outcomes(codes, outcomes)
     elif ok.size:
         outcomes[JoinOutcome.ATTRIBUTED] += int(ok.size)
-    return Attributed(rows[ok], positions[ok], grades[ok]), ok
+    attributed = Attributed(rows[ok], positions[ok], grades[ok], np.asarray(times, np.int64)[ok])
+    return attributed, ok
 
 
 class NamedInteractions(NamedTuple):
@@ -228,6 +238,20 @@ class LooseJoin(NamedTuple):
     impressions: UserImpressions
     impression_ids: Sequence[str]
     interactions: LooseInteractions
+
+
+def join_due(
+    due: Due, loose: LooseJoin | None, rules: JoinRules, outcomes: Counter[str]
+) -> tuple[Attributed, I64]:
+    """The due requests' attributed interactions: those naming them, then the
+    request-less ones their users' join gives them; also the indexes (in
+    ``loose.interactions``) of the request-less ones taken."""
+    parts = [_named(due, rules, outcomes)]
+    taken = np.zeros(0, np.int64)
+    if loose is not None:
+        loose_part, taken = _loose(due.request_id, loose, rules, outcomes)
+        parts.append(loose_part)
+    return Attributed.join(parts), taken
 
 
 def _named(due: Due, rules: JoinRules, outcomes: Counter[str]) -> Attributed:
@@ -305,16 +329,11 @@ def finalise(
 
     ``partition``: the requests belong to that partition's shard (the partition-owned
     engine); None: users are spread over shards by hash (the shared-state pipeline)."""
-    rules, layout, ks = config.rules, config.layout, config.scoring.ks
+    layout, ks = config.layout, config.scoring.ks
     outcomes: Counter[str] = Counter()
     n = len(due)
-    parts = [_named(due, rules, outcomes)]
-    taken = np.zeros(0, np.int64)
-    if loose is not None:
-        loose_part, taken = _loose(due.request_id, loose, rules, outcomes)
-        parts.append(loose_part)
-    attributed = Attributed.join(parts)
-    scores = score_sparse(n, *attributed, config.scoring)
+    attributed, taken = join_due(due, loose, config.rules, outcomes)
+    scores = score_sparse(n, *attributed[:3], config.scoring)
     cap = config.min_relevant_history
     cohort = cohorts(due.user_id, due.ms, history or History(), cap) - 1
     deadlines = due.ms + config.deadline(0)  # a constant delay after each impression
@@ -337,7 +356,7 @@ def finalise(
         loose_taken=taken,
     )
     if due.draft is not None:
-        done.interleaving = credit(due.draft, *attributed)
+        done.interleaving = credit(due.draft, *attributed[:3])
     if config.propensity_positions:
         done.observations = observations(due.context, done.shown(), due.randomization, attributed)
     return done
@@ -361,7 +380,7 @@ def observations(
 ) -> list[Observation]:
     """What each request tells the propensity estimators: its context, its list, its
     randomisation, and the positions it had a relevant attribution at."""
-    clicked = clicked_positions(len(lists), *(c.tolist() for c in attributed))
+    clicked = clicked_positions(len(lists), *(c.tolist() for c in attributed[:3]))
     return [
         Observation(context, items, c, rnd)
         for context, items, c, rnd in zip(contexts, lists, clicked, randomizations, strict=True)

@@ -54,15 +54,18 @@ class RequestScores:
         return [(m, k) for m in METRICS for k in ks]
 
 
-def score_requests(grades: FloatArray, config: ScoringConfig) -> RequestScores:
-    """Score requests from their grade matrix (rows: requests, columns: positions)."""
+def score_requests(
+    grades: FloatArray, config: ScoringConfig, metrics: Sequence[str] = METRICS
+) -> RequestScores:
+    """Score requests from their grade matrix (rows: requests, columns: positions);
+    ``metrics``: the registered metrics to compute (default all)."""
     grades = np.asarray(grades, dtype=np.float64)
     width = max(grades.shape[1], 1)
     weights = None
     if not isinstance(config.propensity, NoBias):
         weights = ips_weights(config.propensity, width, config.propensity_clip)
     ranked = Ranked(grades, config.ks, config.gain, weights)
-    values = {m.name: m.compute(ranked) for m in REGISTRY}
+    values = {m.name: m.compute(ranked) for m in REGISTRY if m.name in metrics}
     engaged: npt.NDArray[np.bool_] = np.asarray((grades > 0).any(axis=1))
     return RequestScores(config.ks, values, engaged)
 
@@ -87,8 +90,11 @@ def score_sparse(
     position: npt.NDArray[np.int64],
     grade: FloatArray,
     config: ScoringConfig,
+    *,
+    metrics: Sequence[str] = METRICS,
 ) -> RequestScores:
-    """Score ``rows`` requests from their attributed grades only.
+    """Score ``rows`` requests from their attributed grades only (``metrics``: the
+    registered metrics to compute, in registry order; default all).
 
     ``(row[i], position[i], grade[i])`` says that the item at 0-based
     ``position`` of request ``row`` earned ``grade``; an item's grade is the
@@ -109,7 +115,8 @@ def score_sparse(
     order = np.argsort(rank[row], kind="stable")
     entry_rank, position, grade = rank[row][order], position[order], grade[order]
 
-    values = np.zeros((rows, len(METRICS) * len(config.ks)))
+    metrics = [m for m in METRICS if m in metrics]
+    values = np.zeros((rows, len(metrics) * len(config.ks)))
     sorted_width = width[active]
     start = 0
     while start < active.size:
@@ -117,8 +124,9 @@ def score_sparse(
         lo, hi = np.searchsorted(entry_rank, [start, stop])
         dense = np.zeros((stop - start, int(sorted_width[stop - 1])))
         np.maximum.at(dense, (entry_rank[lo:hi] - start, position[lo:hi]), grade[lo:hi])
-        values[active[start:stop]] = score_requests(dense, config).matrix()
+        found = score_requests(dense, config, metrics).values
+        values[active[start:stop]] = np.hstack([found[m] for m in metrics])
         start = stop
     engaged: npt.NDArray[np.bool_] = np.asarray(width > 0)
-    split = np.hsplit(values, len(METRICS))
-    return RequestScores(config.ks, dict(zip(METRICS, split, strict=True)), engaged)
+    split = np.hsplit(values, len(metrics))
+    return RequestScores(config.ks, dict(zip(metrics, split, strict=True)), engaged)

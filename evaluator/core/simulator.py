@@ -3,10 +3,9 @@
 Population: users in segments, items with a latent relevance per segment,
 ``gamma[s, i] = sigmoid(1.6 z - 2)`` with ``z ~ N(0, 1)``. Each variant ranks by
 ``z + noise * N(0, 1)``; a smaller noise ranks better. Clicks follow the
-position-based model: position k is examined with probability
-``theta_k = k ** -eta`` and an examined item is clicked with probability
-``gamma``. Add-to-cart and purchase are conditional on a click; in video mode
-a click becomes a watch whose share of the duration grows with ``gamma``.
+position-based model (:mod:`evaluator.core.sim_clicks`): position k is examined with
+probability ``theta_k = k ** -eta`` and an examined item is clicked with probability
+``gamma``; add-to-cart and purchase are conditional on a click (video: a watch).
 
 With ``interleave`` every request shows the team-draft interleaving of the first two
 variants' rankings instead (variant ``interleaved``, each position's team and the
@@ -16,6 +15,13 @@ A slice of impressions can be randomised (top-n shuffle or a 1<->k swap) for
 the propensity estimators. Traffic shape: users make several requests (Zipf
 activity), and a configurable fraction of events arrive out of order, late
 (after their event time by ``late_delay_ms``), duplicated or malformed.
+
+Seasons (:mod:`evaluator.core.seasons`, off by default) give the request rate a daily
+wave and a weekend dip and the click probabilities a daily wave; a regression cuts one
+variant's click probabilities from a known instant on. A chunk's outcomes are drawn
+before its times are known and decided after, so the default traffic is what it always
+was, and a run with a regression emits the very events of the run without it for every
+request before the regression's start.
 
 The ground truth is exact for propensities and a Monte Carlo expectation over
 the click model for nDCG@K, given the lists actually generated: ``raw`` is what
@@ -35,19 +41,19 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from evaluator.core.ab.interleaving import outcomes, team_drafts
-from evaluator.core.metrics.ndcg import ndcg
+from evaluator.core.ab.interleaving import team_drafts
 from evaluator.core.metrics.spec import GainKind
+from evaluator.core.seasons import Regression, Seasons
+from evaluator.core.sim_clicks import MC_REPLICATES, ClickModel
+from evaluator.core.sim_truth import GroundTruth, VariantTruth
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+Teams = npt.NDArray[np.int8]
 Kind = Literal["impressions", "interactions"]
 
 T0_MS = 1_767_225_600_000
 """2026-01-01T00:00:00Z: the default start of simulated event time (files stay reproducible)."""
-
-MC_REPLICATES = 16
-"""Click-model replicates per request behind the expected nDCG."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +91,10 @@ class SimulationConfig:
     gain: GainKind = "exponential"
     interleave: bool = False
     """Show every request the team-draft interleaving of the first two variants."""
+    seasons: Seasons = field(default_factory=Seasons)
+    """Daily and weekly cycles of the request rate and of relevance (off by default)."""
+    regression: Regression | None = None
+    """A drop of one variant's relevance from a given event time on (None: none)."""
 
     def __post_init__(self) -> None:
         checks = {
@@ -97,6 +107,9 @@ class SimulationConfig:
             "eta": 0 <= self.eta <= 5,
             "requests_per_second": self.requests_per_second > 0,
             "interaction_delay_ms": self.interaction_delay_ms > 1_000,
+            "regression": self.regression is None
+            or self.regression.variant
+            in [n for n, _ in self.variants][: 2 if self.interleave else None],
         }
         for name in ("randomized_fraction", "out_of_order_fraction", "late_fraction"):
             checks[name] = 0 <= getattr(self, name) <= 1
@@ -119,54 +132,23 @@ class SimEvent:
     payload: bytes
 
 
-@dataclass(slots=True)
-class VariantTruth:
-    requests: int = 0
-    raw_sum: FloatArray = field(default_factory=lambda: np.zeros(0))
-    debiased_sum: FloatArray = field(default_factory=lambda: np.zeros(0))
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    """A chunk of requests, drawn and decided, before their events are emitted."""
 
-
-@dataclass(slots=True)
-class GroundTruth:
-    """What the evaluator should report for the traffic generated so far."""
-
-    config: SimulationConfig
-    variants: dict[str, VariantTruth] = field(default_factory=dict)
-    events: dict[str, int] = field(default_factory=dict)
-    preference: FloatArray = field(default_factory=lambda: np.zeros(2))
-    """Interleaving: the expected outcome sum and the expected informative requests."""
-
-    def count(self, name: str, n: int = 1) -> None:
-        self.events[name] = self.events.get(name, 0) + n
-
-    def as_dict(self) -> dict[str, object]:
-        c = self.config
-        ndcg_truth: dict[str, dict[str, dict[str, float]]] = {}
-        for name, v in self.variants.items():
-            n = max(v.requests, 1)
-            ndcg_truth[name] = {
-                f"@{k}": {"raw": v.raw_sum[j] / n, "debiased": v.debiased_sum[j] / n}
-                for j, k in enumerate(c.ks)
-            }
-        return {
-            "seed": c.seed,
-            "eta": c.eta,
-            "propensity": [round(float(t), 6) for t in c.theta()],
-            "gain": c.gain,
-            "ndcg": ndcg_truth,
-            "requests": {name: v.requests for name, v in self.variants.items()},
-            "events": dict(self.events),
-            **({"interleaving": self.interleaving()} if c.interleave else {}),
-        }
-
-    def interleaving(self) -> dict[str, object]:
-        """The two rankers (sorted) and the preference for the second, as the evaluator
-        estimates it: expected outcome sum over expected informative requests."""
-        first, second = sorted(name for name, _ in self.config.variants[:2])
-        total, informative = self.preference.tolist()
-        sign = 1.0 if first == self.config.variants[0][0] else -1.0  # team A is variant 0
-        value = sign * total / informative if informative else float("nan")
-        return {"rankers": [first, second], "preference": value}
+    users: IntArray
+    lists: IntArray
+    variant: IntArray
+    teams: Teams | None
+    randomised: npt.NDArray[np.bool_]
+    swap_k: IntArray
+    stamps: IntArray
+    grade: FloatArray
+    share: FloatArray
+    raw: FloatArray
+    debiased: FloatArray
+    after: npt.NDArray[np.bool_]
+    """Whether each request is at or after the injected regression's start."""
 
 
 _ENCODE = msgspec.json.Encoder().encode
@@ -193,10 +175,11 @@ class Simulator:
         self.variant_of_user: IntArray = self.rng.integers(0, len(c.variants), c.users)
         self.noise = np.array([n for _, n in c.variants])
         self.theta = c.theta()
+        self.clicks = ClickModel(c.mode, c.cart_rate, c.purchase_rate, c.ks, c.gain)
         self.truth = GroundTruth(c)
         self.coin = random.Random(config.seed)
         for name in self.names():
-            self.truth.variants[name] = VariantTruth(0, np.zeros(len(c.ks)), np.zeros(len(c.ks)))
+            self.truth.variants[name] = VariantTruth.empty(len(c.ks))
         self.clock_ms = float(c.start_ms)
         self.generated = 0
         self._pending: list[tuple[int, int, SimEvent]] = []
@@ -231,17 +214,6 @@ class Simulator:
         a, b = (self._top(users, np.full(users.size, n)) for n in self.noise[:2])
         return team_drafts(a, b, self.coin)
 
-    def _expected_preference(self, gamma: FloatArray, teams: npt.NDArray[np.int8]) -> FloatArray:
-        """Monte Carlo: the expected outcome sum (team B's wins minus A's) and expected
-        informative requests over the requests."""
-        reps = np.ascontiguousarray(np.broadcast_to(gamma, (MC_REPLICATES, *gamma.shape)))
-        grade, _ = self.grades(reps, self.theta)
-        flat = grade.reshape(-1, gamma.shape[1])
-        row, position = np.nonzero(flat > 0)
-        found = outcomes(np.tile(teams, (MC_REPLICATES, 1)), row, position, flat[row, position])
-        informative = found != -2
-        return np.array([found[informative].sum(), informative.sum()]) / MC_REPLICATES
-
     def _randomise(self, lists: IntArray) -> tuple[npt.NDArray[np.bool_], IntArray]:
         """Shuffle the top n (or swap 1 and k) in a random slice; returns the slice and k."""
         c = self.config
@@ -261,23 +233,7 @@ class Simulator:
 
     def grades(self, gamma: FloatArray, theta: FloatArray) -> tuple[FloatArray, FloatArray]:
         """Draw one outcome per shown item: (grade, watch share). Shapes follow ``gamma``."""
-        c = self.config
-        clicked = (self.rng.random(gamma.shape) < theta) & (self.rng.random(gamma.shape) < gamma)
-        if c.mode == "video":
-            share = np.clip(gamma + 0.15 * self.rng.standard_normal(gamma.shape), 0.02, 1.0)
-            return np.where(clicked, share, 0.0), share
-        cart = clicked & (self.rng.random(gamma.shape) < c.cart_rate)
-        bought = cart & (self.rng.random(gamma.shape) < c.purchase_rate)
-        grade = clicked.astype(np.float64) + cart + bought
-        return grade, np.zeros_like(gamma)
-
-    def _expected_ndcg(self, gamma: FloatArray, theta: FloatArray) -> FloatArray:
-        """Monte Carlo E[nDCG@K] per request under the click model."""
-        reps = np.broadcast_to(gamma, (MC_REPLICATES, *gamma.shape))
-        grade, _ = self.grades(np.ascontiguousarray(reps), theta)
-        values = ndcg(grade.reshape(-1, gamma.shape[1]), self.config.ks, self.config.gain)
-        mean: FloatArray = values.reshape(MC_REPLICATES, gamma.shape[0], -1).mean(axis=0)
-        return mean
+        return self.clicks.decide(self.clicks.draw(self.rng, gamma.shape), gamma, theta)
 
     # -- events --------------------------------------------------------------------------
 
@@ -331,51 +287,88 @@ class Simulator:
         users = self.rng.choice(c.users, n, p=self.activity)
         lists, variant, teams = self._rank(users)
         randomised, swap_k = self._randomise(lists)
-        gamma = self.gamma[self.segment[users][:, None], lists]
-        grade, share = self.grades(gamma, self.theta)
-        raw = self._expected_ndcg(gamma, self.theta)
-        debiased = self._expected_ndcg(gamma, np.ones_like(self.theta))
+        base = self.gamma[self.segment[users][:, None], lists]
+        replicated = (MC_REPLICATES, *base.shape)
+        rng, clicks = self.rng, self.clicks
+        draws = [clicks.draw(rng, shape) for shape in (base.shape, replicated, replicated)]
         if teams is not None:
-            self.truth.preference += self._expected_preference(gamma, teams)
+            draws.append(clicks.draw(rng, replicated))
         gaps = self.rng.exponential(1000.0 / c.requests_per_second, n)
-        names = self.names()
-        rankers = {"A": c.variants[0][0], "B": c.variants[1][0]} if teams is not None else {}
+        stamps, self.clock_ms = c.seasons.arrivals(self.clock_ms, gaps)
+        gamma = self._relevance(base, stamps, variant, teams)
+        grade, share = clicks.decide(draws[0], gamma, self.theta)
+        if teams is not None:
+            self.truth.preference += clicks.expected_preference(draws[3], gamma, self.theta, teams)
+        batch = _Batch(
+            users,
+            lists,
+            variant,
+            teams,
+            randomised,
+            swap_k,
+            stamps,
+            grade,
+            share,
+            clicks.expected_ndcg(draws[1], gamma, self.theta),
+            clicks.expected_ndcg(draws[2], gamma, np.ones_like(self.theta)),
+            np.zeros(n, dtype=np.bool_)
+            if c.regression is None
+            else stamps >= c.regression.start_ms(c.start_ms),
+        )
         for j in range(n):
-            self.clock_ms += gaps[j]
-            ts = int(self.clock_ms)
-            rid = f"s{c.seed}-r{self.generated + j}"
-            user, seg = f"u{users[j]}", int(self.segment[users[j]])
-            items = [f"i{i}" for i in lists[j]]
-            name = names[variant[j]]
-            truth = self.truth.variants[name]
-            truth.requests += 1
-            truth.raw_sum += raw[j]
-            truth.debiased_sum += debiased[j]
-            imp: dict[str, object] = {
-                "event_id": f"imp-{rid}",
-                "request_id": rid,
-                "user_id": user,
-                "variant": name,
-                "experiment": c.experiment,
-                "timestamp": ts,
-                "items": items,
-                "context": f"seg{seg}",
-                "item_attributes": {"category": [f"cat{i % 12}" for i in lists[j]]},
-            }
-            if teams is not None:
-                imp["teams"] = ["B" if t else "A" for t in teams[j].tolist()]
-                imp["interleaving"] = rankers
-            if randomised[j]:
-                imp["randomization"] = (
-                    {"type": "topn", "n": int(swap_k[j])}
-                    if c.randomization == "topn"
-                    else {"type": "swap", "k": int(swap_k[j])}
-                )
-            self._push(ts, SimEvent("impressions", user.encode(), _ENCODE(imp)))
-            self.truth.count("impressions")
-            self._interactions((rid, user, ts), items, grade[j], share[j])
+            self._emit(batch, j)
         self.generated += n
         return int(self.clock_ms)
+
+    def _relevance(
+        self, gamma: FloatArray, stamps: IntArray, variant: IntArray, teams: Teams | None
+    ) -> FloatArray:
+        """Click probabilities of the shown items at their request's time: the daily
+        relevance wave and, for the regressed variant's items from its start, the drop."""
+        c = self.config
+        if c.seasons.steady_relevance and c.regression is None:
+            return gamma
+        factor = c.seasons.relevance_factor(stamps)[:, None] * np.ones(gamma.shape[1])
+        if c.regression is not None:
+            drop = c.regression.factor(stamps, c.start_ms)[:, None]
+            index = [name for name, _ in c.variants].index(c.regression.variant)
+            affected = teams == index if teams is not None else (variant == index)[:, None]
+            factor = np.where(affected, factor * drop, factor)
+        clipped: FloatArray = np.clip(gamma * factor, 0.0, 1.0)
+        return clipped
+
+    def _emit(self, b: _Batch, j: int) -> None:
+        """Request ``j`` of a batch: its impression, its interactions and its truth."""
+        c = self.config
+        ts = int(b.stamps[j])
+        rid = f"s{c.seed}-r{self.generated + j}"
+        user, seg = f"u{b.users[j]}", int(self.segment[b.users[j]])
+        items = [f"i{i}" for i in b.lists[j]]
+        name = self.names()[b.variant[j]]
+        self.truth.variants[name].add(b.raw[j], b.debiased[j], bool(b.after[j]))
+        imp: dict[str, object] = {
+            "event_id": f"imp-{rid}",
+            "request_id": rid,
+            "user_id": user,
+            "variant": name,
+            "experiment": c.experiment,
+            "timestamp": ts,
+            "items": items,
+            "context": f"seg{seg}",
+            "item_attributes": {"category": [f"cat{i % 12}" for i in b.lists[j]]},
+        }
+        if b.teams is not None:
+            imp["teams"] = ["B" if t else "A" for t in b.teams[j].tolist()]
+            imp["interleaving"] = {"A": c.variants[0][0], "B": c.variants[1][0]}
+        if b.randomised[j]:
+            imp["randomization"] = (
+                {"type": "topn", "n": int(b.swap_k[j])}
+                if c.randomization == "topn"
+                else {"type": "swap", "k": int(b.swap_k[j])}
+            )
+        self._push(ts, SimEvent("impressions", user.encode(), _ENCODE(imp)))
+        self.truth.count("impressions")
+        self._interactions((rid, user, ts), items, b.grade[j], b.share[j])
 
     def _release(self, until_ms: float) -> list[SimEvent]:
         out: list[SimEvent] = []

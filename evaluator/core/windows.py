@@ -52,6 +52,17 @@ class AggregateLayout:
     column_names: tuple[str, ...] = ()
     """The stored row layout (:mod:`evaluator.core.rows`); empty: a fresh one for
     ``ks`` and every registered metric."""
+    history_slot_ms: int = 300_000
+    """The regression detector's slot (:mod:`evaluator.core.regression`)."""
+    history_keep_ms: int = 0
+    """How long the stores keep its per-slot history, by event time (0: none kept)."""
+    provisional_ms: int = 0
+    """Requests are scored early this long after their impression (0: never)."""
+    provisional_age_ms: int = 0
+    """... with the interactions of their first this many ms."""
+    provisional_key_ms: int = 0
+    """... into the history slot of their impression time plus this (whole slots before
+    their deadline: see :mod:`evaluator.core.provisional`)."""
     schema: RowSchema = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

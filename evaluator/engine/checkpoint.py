@@ -5,7 +5,11 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+import numpy as np
+import numpy.typing as npt
+
 from evaluator.core.finalise import Finalised
+from evaluator.core.regression import HistoryKey
 from evaluator.engine.state import Changes
 
 
@@ -48,6 +52,8 @@ class Delta:
     """Users first exposed in this batch, per ``experiment US variant``."""
     covariates: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
     """Of those, (user, CUPED covariate) for the users who have one."""
+    provisional: dict[HistoryKey, npt.NDArray[np.float64]] = field(default_factory=dict)
+    """Regression history increments of open requests scored early (provisional)."""
 
 
 class Outcome(enum.Enum):

@@ -217,6 +217,22 @@ class OpenTable:
         order = time_order(due.ms, due.request_id)
         return (due if order is None else due.take(order)), places
 
+    def peek(self, after_ms: int, through_ms: int) -> Due:
+        """The open requests of impression time in ``(after_ms, through_ms]``, as
+        :meth:`due` orders them, left open."""
+        parts = [
+            chunk.due(rows, self.book.strings)
+            for chunk in self.chunks
+            if (
+                rows := np.flatnonzero(
+                    chunk.alive & (chunk.ts > after_ms) & (chunk.ts <= through_ms)
+                )
+            ).size
+        ]
+        due = Due.concat(parts)
+        order = time_order(due.ms, due.request_id)
+        return due if order is None else due.take(order)
+
     def close(self, places: Places) -> None:
         """Close the requests :meth:`due` found (their chunks did not change since)."""
         touched: dict[int, Chunk] = {}

@@ -11,9 +11,9 @@ arguments.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -22,11 +22,14 @@ from evaluator.core.ab.interleaving import add_outcomes
 from evaluator.core.experiments import SEP
 from evaluator.core.finalise import Finalised
 from evaluator.core.propensity.estimation import Observation, counter_day, increments
+from evaluator.core.regression import HistoryKey, RegressionRules, row_columns
+from evaluator.core.regression import history_increments as slot_sums
 from evaluator.core.rows import COVARIATE, INTERLEAVING
 from evaluator.core.sketch import U64
 from evaluator.core.windows import AggregateLayout, block_ttl_s, partition_user_buckets
 
 FloatArray = npt.NDArray[np.float64]
+K = TypeVar("K", bound=Hashable)
 I64 = npt.NDArray[np.int64]
 _NOTHING = np.zeros(0, dtype=np.intp)
 """No positions: a sketch that only holds the union of others (never modified)."""
@@ -100,9 +103,9 @@ def covariate_increments(
     return out
 
 
-def merge_increments(parts: list[dict[str, FloatArray]]) -> dict[str, FloatArray]:
+def merge_increments(parts: list[dict[K, FloatArray]]) -> dict[K, FloatArray]:
     """Blocks of several finalised batches summed per key."""
-    out: dict[str, FloatArray] = {}
+    out: dict[K, FloatArray] = {}
     for part in parts:
         for key, block in part.items():
             if key in out:
@@ -242,6 +245,31 @@ def propensity_increments(finalised: Finalised, rows: npt.NDArray[np.intp]) -> l
         counts = increments(observed, finalised.propensity_positions)
         out += [str(day), [x for pair in counts.items() for x in pair]]
     return out
+
+
+def history_increments(
+    finalised: Finalised, layout: AggregateLayout
+) -> dict[HistoryKey, FloatArray]:
+    """The regression detector's per-slot sums that the requests add, per (hour,
+    variant) (none when the layout keeps no history)."""
+    if not layout.history_keep_ms or not len(finalised):
+        return {}
+    rules = RegressionRules(ks=layout.ks, slot_ms=layout.history_slot_ms)
+    rows = finalised.rows[:, row_columns(layout.schema, layout.ks)]
+    return slot_sums(rules, finalised.deadline_ms, finalised.due.variant, rows)
+
+
+def history_doubles(layout: AggregateLayout) -> int:
+    """Doubles in one stored history array (an hour of slots)."""
+    rules = RegressionRules(ks=layout.ks, slot_ms=layout.history_slot_ms)
+    return rules.slots_per_hour * rules.width
+
+
+def history_name(layout: AggregateLayout, key: HistoryKey) -> str:
+    """A history array's stored name: its slot and cutoffs (another setting starts a new
+    history), hour and variant."""
+    ks = ",".join(map(str, layout.ks))
+    return f"{layout.history_slot_ms}/{ks}:{key[0]}:{key[1]}"
 
 
 def _longer_start(layout: AggregateLayout, window_ms: int, start_ms: int) -> int:

@@ -28,37 +28,48 @@ def due_contexts(
     codes = {uid: code for code, uid in enumerate(dict.fromkeys(user_ids))}
     history_user: list[int] = []
     history_ms: list[int] = []
-    loose: list[PendingInteraction] = []
-    loose_user: list[int] = []
-    loose_of: list[tuple[str, PendingInteraction]] = []
-    for code, (uid, user) in enumerate(zip(codes, map(state.users.get, codes), strict=True)):
-        if user is None:
-            continue
-        if user.history:
+    for code, user in enumerate(map(state.users.get, codes)):
+        if user is not None and user.history:
             history_user += [code] * len(user.history)
             history_ms += [t for t, _ in user.history]
-        if user.loose:  # the user has open requests: some are due
-            waiting = sorted(user.loose.values())
-            loose += waiting
-            loose_user += [code] * len(waiting)
-            loose_of += [(uid, it) for it in waiting]
     history = History(
         codes, np.array(history_user, dtype=np.int64), np.array(history_ms, dtype=np.int64)
     )
+    loose, loose_of = loose_join(state, codes)
+    return loose, history, loose_of
+
+
+def loose_join(
+    state: PartitionState, codes: dict[str, int]
+) -> tuple[LooseJoin | None, list[tuple[str, PendingInteraction]]]:
+    """For the users of ``codes`` (user id -> code) with loose interactions: their open
+    impressions and those interactions, as the user-based join takes them, and each
+    interaction's user id (None: no such user)."""
+    loose: list[PendingInteraction] = []
+    loose_user: list[int] = []
+    loose_of: list[tuple[str, PendingInteraction]] = []
+    users = state.users
+    for uid in [uid for uid in codes if (u := users.get(uid)) is not None and u.loose]:
+        waiting = sorted(users[uid].loose.values())  # the user has open requests
+        loose += waiting
+        loose_user += [codes[uid]] * len(waiting)
+        loose_of += [(uid, it) for it in waiting]
     if not loose:
-        return None, history, loose_of
+        return None, loose_of
     shown = state.requests.of_users(list(dict.fromkeys(uid for uid, _ in loose_of)))
-    users = np.fromiter(map(codes.__getitem__, shown.user), dtype=np.int64, count=len(shown.user))
-    order = user_order(users, shown.ms, shown.request)
+    users_of = np.fromiter(
+        map(codes.__getitem__, shown.user), dtype=np.int64, count=len(shown.user)
+    )
+    order = user_order(users_of, shown.ms, shown.request)
     ids = [shown.request[i] for i in order.tolist()]
-    impressions = UserImpressions(users[order], shown.ms[order], shown.items.take(order))
+    impressions = UserImpressions(users_of[order], shown.ms[order], shown.items.take(order))
     interactions = LooseInteractions(
         np.array(loose_user, dtype=np.int64),
         state.requests.book.find([str(it.item_id) for it in loose]).astype(np.int64),
         np.fromiter((it.timestamp_ms for it in loose), dtype=np.int64, count=len(loose)),
         np.fromiter((it.grade for it in loose), dtype=np.float64, count=len(loose)),
     )
-    return LooseJoin(impressions, ids, interactions), history, loose_of
+    return LooseJoin(impressions, ids, interactions), loose_of
 
 
 def named_columns(state: PartitionState, rids: list[str]) -> Named:

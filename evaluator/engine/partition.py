@@ -29,8 +29,11 @@ from evaluator.core.finalise import (
     Finalised,
     finalise,
 )
+from evaluator.core.regression import HistoryKey
 from evaluator.engine import activity
+from evaluator.engine.commit_payload import FloatArray, merge_increments
 from evaluator.engine.contexts import due_contexts, named_columns
+from evaluator.engine.early import provisional_pass
 from evaluator.engine.markers import Markers
 from evaluator.engine.plan import EngineConfig
 from evaluator.engine.records import impression_row
@@ -69,6 +72,8 @@ class StepCounts:
     """Users first exposed, per ``experiment US variant``."""
     covariates: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
     """Of those, (user, CUPED covariate) for the users who have one."""
+    provisional: dict[HistoryKey, FloatArray] = field(default_factory=dict)
+    """What open requests scored at their provisional age add to the history."""
 
 
 class _Late:
@@ -302,6 +307,8 @@ class PartitionEngine:
             return []
         state = self.state
         activity.release(state, watermark, self.counts.covariates)
+        early = provisional_pass(state, self.config.finalise, watermark)
+        self.counts.provisional = merge_increments([self.counts.provisional, early])
         table = state.requests
         due, places = table.due(watermark - self.config.finalise.deadline(0))
         out: list[Finalised] = []

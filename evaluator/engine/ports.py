@@ -19,6 +19,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from evaluator.core.regression import HistoryKey
 from evaluator.core.windows import AggregateLayout
 from evaluator.engine.batches import PartitionBatch, Rejected
 from evaluator.engine.checkpoint import Checkpoint, Delta, Marks, Outcome
@@ -70,6 +71,11 @@ class StateStore(Protocol):
 
         Keys are ``(bucket_start_ms, variant)``; values ``(2, user_buckets, row_width)``.
         """
+        ...
+
+    def history(self, since_ms: int) -> dict[HistoryKey, FloatArray]:
+        """The regression detector's arrays (:mod:`evaluator.core.regression`) of hours
+        from ``since_ms`` on, summed over partitions: (hour start, variant) -> array."""
         ...
 
     def experiment_blocks(self, experiment: str) -> dict[str, FloatArray]:

@@ -333,6 +333,7 @@ class Tasks:
             owned.forwarded_ms,
             dict(counts.exposures),
             counts.covariates,
+            counts.provisional,
         )
         seq, owned.seq = owned.seq, owned.seq + 1  # the next write follows this one
         owned.written_marks = (engine.watermark_ms, engine.own_ms)

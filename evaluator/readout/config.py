@@ -10,6 +10,7 @@ from typing import Any
 from evaluator.core.ab.readout import ReadoutRules
 from evaluator.core.experiments import Experiment
 from evaluator.core.metrics.registry import METRICS
+from evaluator.core.regression import RegressionRules
 from evaluator.core.rows import COVARIATE, INTERLEAVING, RowSchema, column_map
 from evaluator.core.windows import AggregateLayout
 
@@ -49,6 +50,8 @@ class ReadoutConfig:
     """(positions, min_clicks) when propensities are estimated and exported."""
     described: Mapping[str, Any] = field(default_factory=dict)
     """The report's ``settings`` block (what produced the numbers)."""
+    regression: RegressionRules | None = None
+    """The regression detector's rules (None: disabled)."""
 
     @property
     def ks(self) -> tuple[int, ...]:

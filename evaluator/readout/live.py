@@ -32,6 +32,7 @@ from evaluator.readout.model import (
     composite_of,
     group_view,
 )
+from evaluator.readout.regression import live_detections
 from evaluator.readout.windows import OTHER, cap_variants, window_totals
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,12 @@ class LiveReader:
             model.open_requests, model.due_requests = self.store.open_requests(frontier)
             model.windows = [self._window(w, frontier) for w in self.layout.windows_ms]
             model.experiments = [self._experiment(e) for e in self.config.experiments]
+            rules = self.config.regression
+            if rules is not None and model.windows:
+                shown = {v.variant for v in model.windows[-1].variants}
+                policy = self.config.zero_relevance
+                model.regression = live_detections(self.store, rules, frontier, policy, shown)
+                model.provisional_age_ms = rules.age_ms
         if self.config.propensity is not None:
             model.propensity = self._propensity(*self.config.propensity)
         return model

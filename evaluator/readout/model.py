@@ -20,6 +20,7 @@ from evaluator.core.aggregate import FloatArray
 from evaluator.core.metrics.composite import composite_score
 from evaluator.core.metrics.registry import METRICS
 from evaluator.core.propensity.estimation import Estimate
+from evaluator.core.regression import Detection
 from evaluator.core.rows import RowSchema
 
 NAN = float("nan")
@@ -82,6 +83,10 @@ class ReadModel:
     windows: list[WindowView] = field(default_factory=list)
     experiments: list[ExperimentReadout] = field(default_factory=list)
     propensity: Mapping[str, Estimate] = field(default_factory=dict)
+    regression: Mapping[tuple[str, int], Detection] = field(default_factory=dict)
+    """Per (variant, K), the regression detector at the readout (none: disabled)."""
+    provisional_age_ms: int = 0
+    """The age of the provisional nDCG in :attr:`regression`."""
 
 
 def group_view(row: FloatArray, schema: RowSchema, ks: tuple[int, ...], policy: str) -> GroupView:

@@ -224,4 +224,23 @@ def render_table(report: dict[str, Any]) -> str:
             lines.append(f"  {title}: " + ", ".join(f"{r}={n}" for r, n in ev[key].items()))
     if report.get("ab"):
         lines += ["", *ab_lines(report["ab"], ks[0])]
+    if report.get("regression"):
+        lines += ["", *regression_lines(report["regression"])]
     return "\n".join(lines)
+
+
+def regression_lines(block: dict[str, Any]) -> list[str]:
+    """The regression detector at the file's end, a line per variant and K."""
+    if block.get("reason"):
+        return [f"regression: not read ({block['reason']})"]
+    lines = [f"regression (at {block['at']}):"]
+    for variant, by_k in block["variants"].items():
+        for k, d in by_k.items():
+            if not d["armed"]:
+                state = "not armed (less than a week of history)"
+            elif d["regression"]:
+                state = f"IN REGRESSION since {d['since']} (score {d['score']:.2f})"
+            else:
+                state = f"ok (score {d['score']:.2f})"
+            lines.append(f"  {variant} nDCG@{k}: {state}")
+    return lines

@@ -11,6 +11,7 @@ aggregate them with ``sum``. Labels are bounded: variants are capped
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client.core import Metric
@@ -20,6 +21,8 @@ from evaluator.adapters.prometheus.families import Families, new_families
 from evaluator.core.ab.readout import Comparison, ExperimentReadout
 from evaluator.core.metrics.registry import REGISTRY
 from evaluator.core.propensity.estimation import Estimate
+from evaluator.core.regression import Detection
+from evaluator.core.timeutil import format_duration_ms
 from evaluator.readout.live import LiveReader
 from evaluator.readout.model import ReadModel, VariantView, WindowView
 
@@ -76,7 +79,33 @@ def render(model: ReadModel, control: str = "") -> Families:
     for readout in model.experiments:
         _experiment(fam, readout)
     _propensity(fam, model.propensity)
+    _regression(fam, model.regression, format_duration_ms(model.provisional_age_ms))
     return fam
+
+
+def _regression(fam: Families, found: Mapping[tuple[str, int], Detection], age: str) -> None:
+    for (variant, k), d in found.items():
+        labels = {"variant": variant, "k": str(k)}
+        fam.add("recsys_eval_regression_armed", labels, float(d.armed))
+        fam.add("recsys_eval_regression", labels, float(d.regression))  # 0 while not armed
+        if not d.armed:
+            continue
+        fam.add("recsys_eval_regression_score", labels, d.score)
+        if d.since_ms is not None:
+            fam.add("recsys_eval_regression_since_timestamp_seconds", labels, d.since_ms / 1000)
+        for name, value in (("slot", d.current), ("baseline", d.baseline)):
+            if value is not None:
+                fam.add(f"recsys_eval_regression_{name}_ndcg", labels, value)
+    for (variant, k), d in found.items():
+        if d.provisional is None or d.band is None:
+            continue
+        labels = {"variant": variant, "k": str(k)}
+        fam.add("recsys_eval_provisional_ndcg", labels, d.provisional)
+        fam.add("recsys_eval_provisional_ndcg_lower", labels, d.provisional - d.band)
+        fam.add("recsys_eval_provisional_ndcg_upper", labels, d.provisional + d.band)
+        aged = {**labels, "age": age}
+        fam.add("recsys_eval_provisional_maturity", aged, d.maturity or math.nan)
+        fam.add("recsys_eval_provisional_partial_ndcg", aged, d.partial or 0.0)
 
 
 def _window(fam: Families, window: WindowView, control: str) -> None:

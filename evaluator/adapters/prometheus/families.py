@@ -47,6 +47,56 @@ def _bounded(spec: Spec, name: str, text: str, of: str, labels: list[str]) -> No
         spec[f"{name}_{side}"] = (bound, labels)
 
 
+def _regression(spec: Spec) -> None:
+    """The regression detector's families (docs/statistics.md, "Regression detection")."""
+    vk = ["variant", "k"]
+    spec["recsys_eval_regression"] = (
+        "1 while nDCG@K of the variant is in regression against its seasonal baseline "
+        "(a CUSUM over slots, under regression.false_alarms_per_30d); alert on this.",
+        vk,
+    )
+    spec["recsys_eval_regression_score"] = (
+        "The regression CUSUM over its threshold (>= 1: in regression; 0: no evidence).",
+        vk,
+    )
+    spec["recsys_eval_regression_since_timestamp_seconds"] = (
+        "Where the current excursion of the regression CUSUM began (Unix seconds of "
+        "finalisation time; absent while the score is 0).",
+        vk,
+    )
+    spec["recsys_eval_regression_armed"] = (
+        "1 when the detector has a baseline (a week of history) and a full last slot.",
+        vk,
+    )
+    spec["recsys_eval_regression_slot_ndcg"] = (
+        "Mean nDCG@K of the last complete slot the detector compared.",
+        vk,
+    )
+    spec["recsys_eval_regression_baseline_ndcg"] = (
+        "Its seasonal baseline: the same time of week over the last regression.baseline_weeks.",
+        vk,
+    )
+    spec["recsys_eval_provisional_ndcg"] = (
+        "Estimated final mean nDCG@K of the latest requests still inside their attribution "
+        "window: their nDCG at the provisional age over the maturity (one slot).",
+        vk,
+    )
+    for side in ("lower", "upper"):
+        spec[f"recsys_eval_provisional_ndcg_{side}"] = (
+            f"{side.capitalize()} bound of the 95% prediction band of the provisional nDCG.",
+            vk,
+        )
+    spec["recsys_eval_provisional_maturity"] = (
+        "Share of the final mean nDCG@K that has arrived by the age (learnt from the last "
+        "regression.span of requests that are now final): the maturity curve at that age.",
+        [*vk, "age"],
+    )
+    spec["recsys_eval_provisional_partial_ndcg"] = (
+        "Mean nDCG@K of the latest provisional slot with the interactions seen by the age.",
+        [*vk, "age"],
+    )
+
+
 def new_families() -> Families:
     spec = {
         "recsys_eval_requests": (
@@ -189,6 +239,7 @@ def new_families() -> Families:
         "1 when the interleaving preference has enough user buckets to show an interval.",
         pair,
     )
+    _regression(spec)
     for metric in REGISTRY:  # the ranking metrics' window means
         if metric.family is not None:
             labels = ["variant", "k", "window", *(name for name, _ in metric.labels), "cohort"]

@@ -17,6 +17,8 @@ from evaluator.engine.commit_payload import (
     block_increments,
     covariate_increments,
     experiment_increments,
+    history_increments,
+    history_name,
     merge_increments,
     propensity_increments,
 )
@@ -29,6 +31,8 @@ class CheckpointArgs:
     payload: bytes
     increments: bytes
     cumulative: bytes
+    history: bytes
+    """The regression history's increments (its names and hours are in the payload)."""
     lengths: bytes
     names: bytes
     values: bytes
@@ -91,6 +95,9 @@ def checkpoint_args(delta: Delta, layout: AggregateLayout) -> CheckpointArgs:
         + [covariate_increments(delta.covariates, layout)]
     )
     exposures = [x for k, v in delta.exposures.items() if v for x in (k, v)]
+    history = merge_increments(
+        [history_increments(done, layout) for done in delta.finalised] + [delta.provisional]
+    )
     payload: tuple[Any, ...] = (
         [],
         deleted,
@@ -101,11 +108,13 @@ def checkpoint_args(delta: Delta, layout: AggregateLayout) -> CheckpointArgs:
         sorted(variants),
         list(cumulative),
         exposures,
+        [x for key in history for x in (history_name(layout, key), key[0])],
     )
     return CheckpointArgs(
         msgspec.msgpack.encode(payload),
         b"".join(increments),
         b"".join(b.astype("<f8").tobytes() for b in cumulative.values()),
+        b"".join(b.astype("<f8").tobytes() for b in history.values()),
         lengths,
         names,
         values,

@@ -29,6 +29,7 @@ from redis.exceptions import NoScriptError
 from evaluator.adapters.redis.block_cache import BlockCache
 from evaluator.adapters.redis.blocks import read_blocks, text
 from evaluator.adapters.redis.connection import Client, access_errors, connect
+from evaluator.adapters.redis.history import HistoryReader
 from evaluator.adapters.redis.payload import checkpoint_args
 from evaluator.adapters.redis.sketches import CoverageSketches
 from evaluator.config import ConfigError
@@ -37,6 +38,7 @@ from evaluator.core.propensity.estimation import (
     DAY_MS,
     first_kept_day,
 )
+from evaluator.core.regression import HistoryKey
 from evaluator.core.windows import (
     AggregateLayout,
     LayoutRefusedError,
@@ -46,6 +48,7 @@ from evaluator.core.windows import (
     stored_block,
 )
 from evaluator.engine.checkpoint import Checkpoint, Delta, Marks, Outcome
+from evaluator.engine.commit_payload import history_doubles
 from evaluator.engine.ports import FloatArray
 
 __all__ = ["LayoutMismatchError", "RedisStore", "connect"]
@@ -97,6 +100,7 @@ class RedisStore:
             self._load_scripts()
         self._meta = f"{{{prefix}:meta}}:"
         self._blocks = BlockCache(layout)
+        self._history = HistoryReader(client, self.tag)
         self._sketches = CoverageSketches(client, layout, prefix, self.block_ttl_s, self._execute)
 
     def tag(self, shard: int) -> str:
@@ -222,6 +226,9 @@ class RedisStore:
                 args.names,
                 args.values,
                 2 * self.layout.local_buckets,
+                args.history,
+                history_doubles(self.layout),
+                self.layout.history_keep_ms,
             ],
         )
         reply = int(self._execute(pipe)[0])
@@ -286,6 +293,11 @@ class RedisStore:
 
     def open_requests(self, watermark_ms: int) -> tuple[int, int]:
         return self.open_count(), 0
+
+    def history(self, since_ms: int) -> dict[HistoryKey, FloatArray]:
+        marks = [m.get("rt") for m in self._partition_meta()]
+        final = min(int(m) for m in marks if m) if all(marks) else None
+        return self._history.read(self.layout, since_ms, final)
 
     def open_count(self) -> int:
         """Open requests over every partition, as of each one's last checkpoint."""

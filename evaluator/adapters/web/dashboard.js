@@ -68,8 +68,10 @@ const fixed = (n) => (v) => v.toFixed(n);
 function drawNdcg(snaps, variants) {
   const svg = document.getElementById("ndcg-chart");
   const values = [], times = snaps.map((s) => s.t);
+  const early = (s, v) => ((s.regression || {})[v] || {}).provisional;
   for (const s of snaps) for (const v of variants) {
     const m = s.ndcg[v]; if (m) { if (m.raw !== undefined) values.push(m.raw); if (m.adjusted !== undefined) values.push(m.adjusted); }
+    if (early(s, v) !== undefined) values.push(early(s, v));
   }
   const { sx, sy } = frame(svg, [Math.min(...times), Math.max(...times)], range(values, 0.1, 0), clock, fixed(2));
   const legend = document.getElementById("ndcg-legend");
@@ -82,11 +84,27 @@ function drawNdcg(snaps, variants) {
       el("path", { d: path(pts, sx, sy), fill: "none", stroke: color, "stroke-width": 2,
                    "stroke-dasharray": kind === "raw" ? "" : "6 4", class: `series ${kind}`, "data-variant": v }, svg);
     }
+    // provisional: the newest requests' estimated final nDCG (dotted, with its band)
+    const young = snaps.filter((s) => early(s, v) !== undefined).map((s) => [s.t, s.regression[v]]);
+    if (young.length) {
+      const upper = young.map(([t, r]) => [t, r.provisional + r.band]), lower = young.map(([t, r]) => [t, r.provisional - r.band]).reverse();
+      el("path", { d: path(upper.concat(lower), sx, sy) + "Z", fill: color, opacity: 0.1, class: "band provisional" }, svg);
+      el("path", { d: path(young.map(([t, r]) => [t, r.provisional]), sx, sy), fill: "none", stroke: color, "stroke-width": 1.5,
+                   "stroke-dasharray": "1 3", class: "series provisional", "data-variant": v }, svg);
+    }
     const last = snaps[snaps.length - 1].ndcg[v] || {};
+    const state = (snaps[snaps.length - 1].regression || {})[v] || {};
     const span = document.createElement("span");
     const t = (((window.__truth || {}).ndcg || {})[v] || {})[`@${document.querySelector(".k").textContent}`];
     const truth = t ? ` (simulator truth: raw ${t.raw.toFixed(3)}, debiased ${t.debiased.toFixed(3)})` : "";
-    span.innerHTML = `<i class="swatch" style="background:${color}"></i>${v}: raw <b>${(last.raw ?? NaN).toFixed(4)}</b>, adjusted <b>${(last.adjusted ?? NaN).toFixed(4)}</b>${truth}`;
+    const guess = state.provisional === undefined ? "" : `, provisional <b>${state.provisional.toFixed(4)}</b> ± ${state.band.toFixed(4)}`;
+    span.innerHTML = `<i class="swatch" style="background:${color}"></i>${v}: raw <b>${(last.raw ?? NaN).toFixed(4)}</b>, adjusted <b>${(last.adjusted ?? NaN).toFixed(4)}</b>${guess}${truth}`;
+    if (state.flag) {  // built as text: the variant name comes from the events
+      const warn = document.createElement("b");
+      warn.className = "regression";
+      warn.textContent = ` ⚠ in regression since ${new Date(state.since * 1000).toISOString().replace("T", " ").slice(0, 16)} (event time)`;
+      span.appendChild(warn);
+    }
     legend.appendChild(span);
   });
 }

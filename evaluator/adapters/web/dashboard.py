@@ -25,6 +25,7 @@ from prometheus_client.core import Metric
 
 from evaluator.core.ab.readout import ExperimentReadout
 from evaluator.core.metrics.registry import REGISTRY
+from evaluator.core.regression import Detection
 from evaluator.readout.model import ReadModel, WindowView
 
 _SHOWN = [m for m in REGISTRY if m.family is not None]
@@ -79,6 +80,7 @@ class DashboardHistory:
             "propensity": {},
             "eta": {},
             "health": {},
+            "regression": {},
         }
         if model.watermark_ms is not None:
             snap["watermark"] = model.watermark_ms / 1000.0
@@ -87,6 +89,9 @@ class DashboardHistory:
                 self._window(snap, window)
         for readout in model.experiments:
             self._experiment(snap, readout)
+        for (variant, k), d in model.regression.items():
+            if str(k) == self.k:
+                snap["regression"][variant] = _regression(d)
         for name, e in model.propensity.items():
             if math.isfinite(e.eta):
                 snap["eta"][name] = e.eta
@@ -168,6 +173,16 @@ class DashboardHistory:
         if self.truth is not None:
             body["truth"] = self.truth()
         return json.dumps(body).encode()
+
+
+def _regression(d: Detection) -> dict[str, Any]:
+    """What the page shows of a variant's regression detector and provisional nDCG."""
+    out: dict[str, Any] = {"armed": d.armed, "flag": d.regression, "score": d.score}
+    if d.since_ms is not None and d.regression:
+        out["since"] = d.since_ms / 1000.0
+    if d.provisional is not None and d.band is not None:
+        out |= {"provisional": d.provisional, "band": d.band}
+    return out
 
 
 _HEALTH = {

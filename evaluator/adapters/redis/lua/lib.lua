@@ -134,6 +134,27 @@ local function add_blocks(p, blocks, incs, nblock, rows)
     end
   end
 end
+-- add the regression history's arrays (hist: {name, hour start, ...}; incs: their
+-- little-endian doubles in turn, `n` each) to prefix `p`, indexed by hour in 'rhi';
+-- arrays more than `keep` ms of event time behind the newest written are deleted
+local function add_history(p, hist, incs, n, keep)
+  local index, ttl = p .. 'rhi', math.floor(keep / 1000) + 86400
+  local newest
+  for i = 1, #hist, 2 do
+    add_block(p .. 'rh:' .. hist[i], incs, ((i - 1) / 2) * n * 8 + 1, n, ttl, nil)
+    redis.call('ZADD', index, hist[i + 1], hist[i])
+    if not newest or hist[i + 1] > newest then newest = hist[i + 1] end
+  end
+  local first = string.format('%d', newest - keep)
+  local gone = redis.call('ZRANGEBYSCORE', index, '-inf', '(' .. first, 'LIMIT', 0, 1000)
+  if #gone > 0 then
+    redis.call('ZREM', index, unpack(gone))
+    local keys = {}
+    for j, name in ipairs(gone) do keys[j] = p .. 'rh:' .. name end
+    redis.call('DEL', unpack(keys))
+  end
+  redis.call('EXPIRE', index, ttl)
+end
 -- add the propensity estimators' counters ({day, {field, increment, ...}, ...}) of
 -- prefix `p`, dropping days older than `history` ms before the newest
 local function add_propensity(p, ps, history)
