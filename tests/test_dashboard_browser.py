@@ -138,3 +138,55 @@ def test_dashboard_draws_the_interleaving_preference(tmp_path) -> None:
             assert browser.find_element(By.ID, "ab-text").text == "no comparison yet"
         finally:
             browser.quit()
+
+
+def test_dashboard_marks_a_variant_in_regression() -> None:
+    """The page served from read models whose detector flags one variant: the legend
+    says which, since when (event time), and shows its provisional nDCG and band."""
+    from prometheus_client import CollectorRegistry
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from evaluator.adapters.web.dashboard import DashboardHistory, routes
+    from evaluator.adapters.web.http import serve
+    from evaluator.core.regression import Detection
+    from evaluator.readout.model import GroupView, ReadModel, VariantView, WindowView
+
+    since_ms = 1_767_225_600_000 + 7 * 3_600_000  # 2026-01-01 07:00 UTC
+    history = DashboardHistory("5m", 10)
+    for n in range(3):
+        views = []
+        for variant in ("control", "treatment"):
+            group = GroupView(100.0, 50.0, {("ndcg", 10): 0.5 + 0.01 * n}, {})
+            views.append(VariantView(variant, {"all": group}, {10: 0.1}, {10: 0.2}, 0.4))
+        model = ReadModel(1_767_250_000_000, windows=[WindowView("5m", views)])
+        model.regression = {
+            ("control", 10): Detection(0.1, False, None, 0.5, 0.5, True, 0.51, 0.02, 0.6, 0.3),
+            ("treatment", 10): Detection(
+                1.2, True, since_ms, 0.4, 0.5, True, 0.41, 0.03, 0.6, 0.25
+            ),
+        }
+        history.record(model, now_s=1000.0 + n)
+    server = serve(
+        CollectorRegistry(),
+        "127.0.0.1",
+        0,
+        alive=lambda: True,
+        ready=lambda: (True, "ok"),
+        routes=routes(history),
+    )
+    browser = _driver()
+    try:
+        browser.get(f"http://127.0.0.1:{server.server_address[1]}/")
+        wait = WebDriverWait(browser, 30, poll_frequency=0.5)
+        wait.until(lambda b: b.execute_script("return document.body.dataset.ready") == "true")
+        marks = browser.find_elements(By.CSS_SELECTOR, "#ndcg-legend .regression")
+        assert len(marks) == 1
+        assert marks[0].text == "⚠ in regression since 2026-01-01 07:00 (event time)"
+        legend = browser.find_element(By.ID, "ndcg-legend").text
+        assert "treatment: raw 0.5200" in legend and "provisional 0.4100 ± 0.0300" in legend
+        early = browser.find_elements(By.CSS_SELECTOR, "#ndcg-chart path.series.provisional")
+        assert {p.get_attribute("data-variant") for p in early} == {"control", "treatment"}
+    finally:
+        browser.quit()
+        server.shutdown()

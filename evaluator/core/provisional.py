@@ -122,12 +122,11 @@ def estimate(
     young = np.arange(size - lead, size)
     n = pn[young]
     partial = np.divide(ps[young], n, out=np.zeros(lead), where=n > 0)
-    square = np.divide(pq[young], n, out=np.zeros(lead), where=n > 0)
-    sampling = np.divide(
-        np.maximum(square - partial**2, 0.0),
-        n * maturity**2,
-        out=np.full(lead, np.inf),
-        where=n > 0,
-    )
+    # the per-request variance of partial nDCG, pooled over the span (a slot's own few
+    # requests would give a noisy one)
+    pooled = np.arange(max(size - span - lead, 0), size)
+    mean = ps[pooled].sum() / max(pn[pooled].sum(), 1.0)
+    spread_p = max(float(pq[pooled].sum() / max(pn[pooled].sum(), 1.0) - mean * mean), 0.0)
+    sampling = np.divide(spread_p, n * maturity**2, out=np.full(lead, np.inf), where=n > 0)
     prediction = np.divide(spread, n, out=np.full(lead, np.inf), where=n > 0)
     return Estimate(partial / maturity, sampling, prediction, n, maturity, partial)

@@ -296,7 +296,7 @@ def _residuals(
     span = rules.span_ms // rules.slot_ms
     series = _columns(dense, i, counted)
     t = np.arange(len(dense) - span, len(dense))
-    x, vx = _mean(series, t)
+    x, _ = _mean(series, t)
     nt = series[0][t]
     found = None
     if young is not None:
@@ -304,10 +304,15 @@ def _residuals(
         found = estimate(series[:2], early, span, rules.lead_slots, rules.min_requests)
     if found is not None:
         t = np.arange(len(dense) - span, len(dense) + rules.lead_slots)
-        x, vx = np.concatenate([x, found.mean]), np.concatenate([vx, found.variance])
-        nt = np.concatenate([nt, found.n])
+        x, nt = np.concatenate([x, found.mean]), np.concatenate([nt, found.n])
     bn, base = _baseline(rules, series, t)
     b, vb = _mean(base, np.arange(len(t)))
+    # a slot's mean varies as one request does over its count: the per-request variance
+    # is the baseline's, pooled over weeks of the same time (a slot's own few requests
+    # would give it a noisy variance, and heavy tails to its z)
+    vx = np.divide(vb * bn, nt, out=np.full(len(t), np.inf), where=nt > 0)
+    if found is not None:  # estimates from partial data: their own variance, pooled too
+        vx[-rules.lead_slots :] = found.variance
     armed = (nt >= rules.min_requests) & (bn >= rules.min_requests)
     return x - b, vx + vb, armed, x, b, found
 
