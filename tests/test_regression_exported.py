@@ -129,10 +129,11 @@ def test_a_drop_is_flagged_after_it_starts_and_never_before(tmp_path, make_store
         assert mine["since"] == (format_instant_ms(d.since_ms) if d.since_ms else None)
 
 
-def delayed_traffic(seed: int, per_hour: int = 960) -> list[tuple[int, bytes]]:
+def delayed_traffic(seed: int, per_hour: int = 960, kept: float = 0.5) -> list[tuple[int, bytes]]:
     """(event time, payload) of :func:`traffic`'s kind, but clicks arrive an
     exponential delay (mean 2.5 minutes, at most 29) after the impression, so a
-    request's relevance matures over its 30-minute attribution window."""
+    request's relevance matures over its 30-minute attribution window; from
+    :data:`DROP_AT` B's users click ``kept`` as often."""
     rng = random.Random(seed)
     out: list[tuple[int, bytes]] = []
     for n in range(DAYS * 24 * per_hour):
@@ -145,7 +146,7 @@ def delayed_traffic(seed: int, per_hour: int = 960) -> list[tuple[int, bytes]]:
         event = {"event_id": f"e{n}", "request_id": rid, "user_id": f"u{user}"}
         event |= {"variant": variant, "timestamp": ts, "items": items}
         out.append((ts, json.dumps(event).encode()))
-        attract = 0.35 * cycle * (0.5 if variant == "B" and ts >= DROP_AT else 1.0)
+        attract = 0.35 * cycle * (kept if variant == "B" and ts >= DROP_AT else 1.0)
         for pos, item in enumerate(items):
             if rng.random() < attract / (pos + 1):
                 at = ts + min(int(rng.expovariate(1 / 150_000)), 29 * 60_000)
@@ -172,9 +173,10 @@ def steps(events: list[tuple[int, bytes]], fine_from: int) -> list[tuple[int, li
 def test_a_drop_shows_in_provisional_ndcg_before_the_window_closes(tmp_path, make_store) -> None:
     """The default 30-minute attribution window: requests are scored again 3 min 5 s
     after their impression with the clicks of their first 2 minutes. Polled every 5
-    minutes of event time around the drop: the provisional series are exported with a
-    band and a maturity, and B is flagged before the first request after the drop is
-    final (31 minutes); the stored history, final and provisional, equals replay's."""
+    minutes of event time around the drop, from which B's users stop clicking: the
+    provisional series are exported with a band and a maturity, and B is flagged before
+    the first request after the drop is final (31 minutes); the stored history, final
+    and provisional, equals replay's."""
     settings = load_settings(
         environ={}, overrides={k: v for k, v in SETTINGS.items() if k != "join"}
     )
@@ -182,7 +184,7 @@ def test_a_drop_shows_in_provisional_ndcg_before_the_window_closes(tmp_path, mak
     store = make_store(settings.layout(1))
     tasks, clock, registry = live(settings, store)
     offsets = {"impressions": 0, "interactions": 0}
-    events = delayed_traffic(seed=8)
+    events = delayed_traffic(seed=8, kept=0.0)  # at 40 requests a slot: a drop to none
     flagged_at, provisional = None, []
     for end, payloads in steps(events, fine_from=DROP_AT - HOUR_MS):
         for kind in ("impressions", "interactions"):
