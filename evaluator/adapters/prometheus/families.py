@@ -39,12 +39,20 @@ class Families:
 Spec = dict[str, tuple[str, list[str]]]
 
 
-def _bounded(spec: Spec, name: str, text: str, of: str, labels: list[str]) -> None:
-    """A value's family and its always-valid bounds' (``_lower``, ``_upper``)."""
+def _bounded(
+    spec: Spec,
+    name: str,
+    text: str,
+    of: str,
+    labels: list[str],
+    *,
+    kind: str = "always-valid bound (1 - ab.alpha)",
+) -> None:
+    """A value's family and its bounds' (``_lower``, ``_upper``; always-valid unless
+    ``kind`` says otherwise)."""
     spec[name] = (text, labels)
     for side in ("lower", "upper"):
-        bound = f"{side.capitalize()} always-valid bound (1 - ab.alpha) of {of}."
-        spec[f"{name}_{side}"] = (bound, labels)
+        spec[f"{name}_{side}"] = (f"{side.capitalize()} {kind} of {of}.", labels)
 
 
 def _regression(spec: Spec) -> None:
@@ -76,16 +84,15 @@ def _regression(spec: Spec) -> None:
         "Its seasonal baseline: the same time of week over the last regression.baseline_weeks.",
         vk,
     )
-    spec["recsys_eval_provisional_ndcg"] = (
+    _bounded(
+        spec,
+        "recsys_eval_provisional_ndcg",
         "Estimated final mean nDCG@K of the latest requests still inside their attribution "
         "window: their nDCG at the provisional age over the maturity (one slot).",
+        "the provisional nDCG",
         vk,
+        kind="bound of the 95% prediction band",
     )
-    for side in ("lower", "upper"):
-        spec[f"recsys_eval_provisional_ndcg_{side}"] = (
-            f"{side.capitalize()} bound of the 95% prediction band of the provisional nDCG.",
-            vk,
-        )
     spec["recsys_eval_provisional_maturity"] = (
         "Share of the final mean nDCG@K that has arrived by the age (learnt from the last "
         "regression.span of requests that are now final): the maturity curve at that age.",
