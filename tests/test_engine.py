@@ -41,12 +41,21 @@ def engine_config(settings: Any) -> EngineConfig:
     )
 
 
-def ordered(events: EventSet, seed: int) -> list[tuple[str, dict[str, Any]]]:
+def ordered(
+    events: EventSet, seed: int, ahead: tuple[str, int] = ("", 0)
+) -> list[tuple[str, dict[str, Any]]]:
+    """Event-time order with jitter; ``ahead``: one topic consumed that much event time
+    ahead of the other (a backlog whose topics are fetched at different rates)."""
     rng = random.Random(seed)
     stream = [("impressions", e) for e in events.impressions] + [
         ("interactions", e) for e in events.interactions
     ]
-    stream.sort(key=lambda ke: ke[1]["timestamp"] + rng.randrange(0, 3_000))
+    kind_ahead, lead_ms = ahead
+    stream.sort(
+        key=lambda ke: (
+            ke[1]["timestamp"] + rng.randrange(0, 3_000) - (lead_ms if ke[0] == kind_ahead else 0)
+        )
+    )
     return stream
 
 
@@ -74,6 +83,7 @@ def run_engine(
     changelog: dict[str, bytes] | None = None,
     config: EngineConfig | None = None,
     owners: Sequence[EngineConfig] = (),
+    ahead: tuple[str, int] = ("", 0),
 ) -> tuple[PartitionEngine, list[Finalised]]:
     """Feed a stream in batches; the changelog is taken every ``take_every`` batches (a
     checkpoint), and with ``restore_every`` the engine is rebuilt from the accumulated
@@ -84,7 +94,7 @@ def run_engine(
     engine = PartitionEngine(0, config)
     changelog = {} if changelog is None else changelog
     done: list[Finalised] = []
-    stream = ordered(events, seed)
+    stream = ordered(events, seed, ahead)
     checkpoints = 0
     for n, start in enumerate(range(0, len(stream), batch)):
         step(engine, stream[start : start + batch], settings)
@@ -425,10 +435,11 @@ def test_a_late_interaction_is_counted_once_and_its_hash_goes_with_its_marker() 
         step(engine, [late], settings)
         counts = engine.take()[1]
         assert (counts.late, counts.duplicates) == (0, 1), restored
-        # q1's marker expires (the late hash with it), then q2's
+        # q1's marker expires (the late hash with it), then q2's, as both topics move on
         for ts in (config.finalise.deadline(t0) + ttl + 1, t0 + 10 * ttl):
             imp = {**event, "event_id": f"i{ts}", "request_id": f"q{ts}", "timestamp": ts}
-            step(engine, [("impressions", imp)], settings)
+            click = {**late[1], "event_id": f"c{ts}", "request_id": f"q{ts}", "timestamp": ts}
+            step(engine, [("impressions", imp), ("interactions", click)], settings)
             engine.finalise_due()
             apply_changes(changelog, engine.take()[0])
         assert engine.state.markers.finalised(["q1", "q2"]) == [False, False]
@@ -518,6 +529,23 @@ def test_segments_hold_at_most_segment_rows_and_restore_whole() -> None:
         assert max(sizes) <= 3, kind
     state = restore_state(changelog.items(), config.finalise.deadline, config.history_cap)
     assert_same_state(state, engine.state)
+
+
+@pytest.mark.parametrize("kind", ["impressions", "interactions"])
+def test_a_topic_consumed_hours_ahead_of_the_other_changes_nothing(kind: str, tmp_path) -> None:
+    """A backlog's two topics are fetched at their own rates, so one can run hours of
+    event time ahead of the other. Nothing may expire by the leading topic's time:
+    interactions naming requests still to come wait for them (here the lead is four
+    times ``finalised_ttl``), and the result is replay's."""
+    settings = load_settings(environ={})
+    events = generate(5, requests=400, users=30)
+    config = dataclasses.replace(engine_config(settings), finalised_ttl_ms=30 * 60_000)
+    engine, done = run_engine(
+        events, settings, 5, config=config, restore_every=2, ahead=(kind, 2 * 3_600_000)
+    )
+    report = evaluate_files(*events.write(tmp_path), settings, progress=False)
+    compare_totals(totals_of(done), report, settings)
+    assert engine.open_requests() == 0
 
 
 def test_interactions_naming_unknown_requests_expire_alike_when_restored() -> None:

@@ -4,6 +4,7 @@ dashboard panel expression and every alert expression is checked through the HTT
 from __future__ import annotations
 
 import json
+import random
 import re
 import shutil
 import subprocess
@@ -14,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.eventgen import T0, generate
+from tests.eventgen import T0, EventSet, generate
 from tests.live import free_port, new_env, stop, stream, to_payloads, wait_until
-from tests.livecheck import sentinel
+from tests.livecheck import compare_history, sentinel
 
 pytestmark = pytest.mark.services
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,3 +149,75 @@ def test_dashboard_and_alert_expressions_against_a_real_scrape(
         prom.wait(timeout=30)
         stop([evaluator])
         store.close()
+
+
+def test_the_regression_alert_fires_through_prometheus(
+    kafka_bootstrap, redis_url, tmp_path, prometheus_binary
+) -> None:
+    """Eight and a half days of two variants' traffic through `evaluator run` on the real
+    broker and Redis; variant B's users stop clicking for its last six hours. A real
+    Prometheus, loaded with deploy/prometheus/rules.yml, fires RecsysNdcgRegression
+    for B and for no other variant. The backlog's topics are consumed at their own
+    rates (hours of event time apart); the stored history is still replay's."""
+    rng = random.Random(3)
+    ordered: list[tuple[str, dict]] = []
+    drop = T0 + 8 * 86_400_000 + 6 * 3_600_000
+    requests = int(8.5 * 288 * 20)  # 20 requests per 5-minute slot
+    for n in range(requests):
+        ts = T0 + n * 15_000 + rng.randrange(10_000)
+        user = f"u{rng.randrange(3_000)}"
+        variant = "AB"[int(user[1:]) % 2]
+        items = [f"i{i}" for i in rng.sample(range(200), 10)]
+        event = {"event_id": f"e{n}", "request_id": f"r{n}", "user_id": user}
+        ordered.append(
+            ("impressions", event | {"variant": variant, "timestamp": ts, "items": items})
+        )
+        if variant == "B" and ts >= drop:
+            continue
+        for pos, item in enumerate(items):
+            if rng.random() < 0.4 / (pos + 1):
+                click = {"event_id": f"c{n}-{pos}", "request_id": f"r{n}", "user_id": user}
+                click |= {"item_id": item, "type": "click", "timestamp": ts + 20_000}
+                ordered.append(("interactions", click))
+    ordered.sort(key=lambda ke: ke[1]["timestamp"])
+    env = new_env(kafka_bootstrap, redis_url, overrides={"EVALUATOR_REGRESSION__MIN_REQUESTS": "5"})
+    env.produce("impressions", to_payloads(ordered, "impressions"))
+    env.produce("interactions", to_payloads(ordered, "interactions"))
+    metrics_port, prom_port = free_port(), free_port()
+    evaluator = env.start(tmp_path / "run.log", http_port=metrics_port)
+    prom = start_prometheus(prometheus_binary, tmp_path, metrics_port, prom_port)
+    base = f"http://127.0.0.1:{prom_port}"
+    store = env.store()
+    try:
+
+        def firing() -> list[dict]:
+            try:
+                found = query(base, 'ALERTS{alertname="RecsysNdcgRegression", alertstate="firing"}')
+            except OSError:
+                return []
+            return found["data"]["result"]
+
+        wait_until(lambda: bool(firing()), 240, "RecsysNdcgRegression fires", [evaluator, prom])
+        assert {a["metric"]["variant"] for a in firing()} == {"B"}
+        armed = query(base, 'max by (variant) (recsys_eval_regression_armed{k="10"})')
+        assert {r["metric"]["variant"]: r["value"][1] for r in armed["data"]["result"]} == {
+            "A": "1",
+            "B": "1",
+        }
+        wait_until(
+            lambda: store.counters().get("finalised", 0) >= requests,
+            120,
+            "every request is final",
+            [evaluator],
+        )
+    finally:
+        prom.terminate()
+        prom.wait(timeout=30)
+        stop([evaluator])
+    assert store.counters()["finalised"] == requests
+    events = EventSet(
+        [e for kind, e in ordered if kind == "impressions"],
+        [e for kind, e in ordered if kind == "interactions"],
+    )
+    compare_history(store, *events.write(tmp_path), env.settings())
+    store.close()

@@ -31,6 +31,7 @@ from evaluator.core.finalise import (
 )
 from evaluator.core.regression import HistoryKey
 from evaluator.engine import activity
+from evaluator.engine.clocks import InputClock, Settled, progress
 from evaluator.engine.commit_payload import FloatArray, merge_increments
 from evaluator.engine.contexts import due_contexts, named_columns
 from evaluator.engine.early import provisional_pass
@@ -44,20 +45,6 @@ HOLD_MS = -(2**61)
 
 Configure = Callable[[Due], list[tuple[FinaliseConfig, Due]]]
 """Groups due requests by the finalisation config they use (one curve per bucket)."""
-
-
-@dataclass(slots=True)
-class InputClock:
-    """Event-time progress of one input (a topic partition) of the engine."""
-
-    max_event_ms: int | None = None
-    caught_up_since_ms: int | None = None
-    """Wall clock of the first broker confirmation that its owner is at the end offset
-    with nothing new since; None: behind, or it delivered records in the last poll."""
-    confirmed_ms: int | None = None
-    """Wall clock of the latest such confirmation: the input is idle once the
-    confirmations span ``idle_timeout`` (an unreachable broker confirms nothing, so an
-    outage never makes an input idle)."""
 
 
 @dataclass(slots=True)
@@ -139,6 +126,8 @@ class PartitionEngine:
         self.inputs: dict[str, InputClock] = {
             name: InputClock(max_event_ms=known.get(name)) for name in config.inputs
         }
+        self.settled = Settled(config.inputs[0])
+        """The event time every input has delivered up to: expiry follows it."""
         self.counts = StepCounts()
         self._history_swept_ms: int | None = None
         self._ended: set[str] = set()
@@ -158,7 +147,7 @@ class PartitionEngine:
         attribute, shadow_of = self.config.attribute, self.config.shadow_of
         # experiments whose records were dropped (ended a horizon ago, by the data's own
         # time, which survives reloads) count nobody again
-        data_ms = self.data_time_ms()
+        data_ms = self.settled_ms()
         experiments = [e for e in self.config.experiments if not self._over(e, data_ms)]
         events = impressions.events
         rids = [e.request_id for e in events]
@@ -262,16 +251,9 @@ class PartitionEngine:
         every input is idle the partition finalises by wall clock (``now_ms``).
         ``limit_ms``: it goes no further (other partitions may still forward events
         up to there). Never moves back."""
-        idle_ms = self.config.idle_timeout_ms
-        busy: list[int | None] = []
-        seen: list[int] = []
-        for name, clock in self.inputs.items():
-            if clock.max_event_ms is not None:
-                seen.append(clock.max_event_ms)
-            since, last = clock.caught_up_since_ms, clock.confirmed_ms
-            needed = 0 if name in self.config.eager else idle_ms
-            if since is None or last is None or last - since < needed:
-                busy.append(clock.max_event_ms)
+        times, seen = progress(self.inputs, self.config.idle_timeout_ms, self.config.eager)
+        self.settled.update(times, seen)
+        busy = list(times.values())
         if not self.inputs:
             return self.watermark_ms
         if busy:
@@ -340,10 +322,10 @@ class PartitionEngine:
                 for i in done.loose_taken.tolist():
                     state.take_loose(*loose_of[i])
         state.finalised_through(watermark)
-        # markers and histories live for a TTL of the data's own time: an idle partition's
-        # watermark follows the wall clock, which must not expire a backfill's markers
-        # (a late redelivery would then count as new instead of late)
-        data_ms = self.data_time_ms()
+        # markers and histories live for a TTL of the data's own time as every input has
+        # delivered it (engine/clocks.py): not the wall clock an idle partition's
+        # watermark follows, nor a backlog's leading topic
+        data_ms = self.settled_ms()
         state.expire(watermark - self.config.horizon_ms, data_ms - self.config.finalised_ttl_ms)
         self._sweep_history(data_ms, watermark)
         self._end_experiments(data_ms)
@@ -373,6 +355,12 @@ class PartitionEngine:
         """The largest event time consumed (the watermark before any)."""
         times = [c.max_event_ms for c in self.inputs.values() if c.max_event_ms is not None]
         return max(times) if times else (self.watermark_ms or 0)
+
+    def settled_ms(self) -> int:
+        """The event time every input has delivered up to (nothing expires before any)."""
+        times, seen = progress(self.inputs, self.config.idle_timeout_ms, self.config.eager)
+        settled = self.settled.update(times, seen)
+        return settled if settled is not None else -(2**62)
 
     def _sweep_history(self, data_ms: int, watermark: int) -> None:
         """Expire cold-start histories past their TTL and activity past the CUPED

@@ -32,7 +32,8 @@ class EngineConfig:
     history_ttl_ms: int = 30 * 86_400_000
     inputs: tuple[str, ...] = ("impressions", "interactions")
     """The engine's input streams: each holds the watermark back until it delivers or
-    goes idle."""
+    goes idle. The first is the one the others wait for (an interaction can wait for
+    its request): until it has delivered, nothing expires by data time."""
     experiments: tuple[Experiment, ...] = ()
     """Experiments whose exposures (a user's first impression) are recorded."""
     cuped_lookback_days: int = 0
