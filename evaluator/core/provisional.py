@@ -1,7 +1,7 @@
 """Provisional nDCG: the final value of requests still inside their attribution window,
 estimated from the interactions seen so far (label maturity, Chapelle 2014). Pure.
 
-At a fixed *age* after each impression (``regression.provisional_age``, default 5
+At a fixed *age* after each impression (``regression.provisional_age``, default 2
 minutes) the engine scores the request with the interactions that arrived by then
 and adds it to a provisional history, slotted like the final one but by impression
 time plus the age (plus clock skew and allowed lateness, as a deadline): provisional
