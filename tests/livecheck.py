@@ -20,6 +20,7 @@ from evaluator.core.propensity.estimation import increments
 from evaluator.core.provisional import PROVISIONAL
 from evaluator.core.rows import INTERLEAVING
 from evaluator.engine.batches import PartitionBatch
+from evaluator.engine.commit_payload import USERS
 from evaluator.engine.partitioner import PartitionOf
 from evaluator.engine.ports import StateStore
 from evaluator.engine.tasks import Tasks
@@ -227,9 +228,10 @@ def compare_totals(
 def compare_coverage(
     store: StateStore, events: EventSet, settings: Settings, report: dict[str, Any]
 ) -> None:
-    """Each variant's distinct top-K items over the longest window (the union of the
-    buckets the requests' deadlines fall in) equal replay's, within the sketches' error:
-    none lost to a crash or restart, none missing from a second instance."""
+    """Each variant's distinct top-K items and distinct users over the longest window
+    (the union of the buckets the requests' deadlines fall in) equal replay's, within
+    the sketches' error: none lost to a crash or restart, none missing from a second
+    instance."""
     layout, config = settings.layout(), settings.finalise_config()
     window = max(layout.windows_ms)
     deadlines = [
@@ -246,6 +248,7 @@ def compare_coverage(
             want = block["coverage"][str(k)] * block["catalog_size"]
             got = counts[(variant, k)]
             assert got == pytest.approx(want, rel=0.02, abs=1), (variant, k)
+        assert counts[(variant, USERS)] == pytest.approx(block["users"], rel=0.02, abs=1)
 
 
 def expected_propensity_counts(imp: Path, inter: Path, settings: Settings) -> dict[str, int]:

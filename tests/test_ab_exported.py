@@ -44,6 +44,7 @@ PREFIXES = (
     "recsys_eval_srm",
     "recsys_eval_requests",
     "recsys_eval_interleaving",
+    "recsys_eval_ndcg_maturity",
 )
 
 

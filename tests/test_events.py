@@ -62,6 +62,10 @@ def test_valid_impression_with_rfc3339_timestamp() -> None:
         (imp(items=["a", "b\x1fc"]), InvalidReason.INVALID_FIELD),
         (imp(context="home\x1e"), InvalidReason.INVALID_FIELD),
         (imp(item_attributes={"category": ["x", "y\x1f"]}), InvalidReason.INVALID_FIELD),
+        # nor the history's name prefixes in a variant (its arrays would be taken for
+        # another variant's provisional or maturity ones)
+        (imp(variant="\x1dA"), InvalidReason.INVALID_FIELD),
+        (imp(variant="\x1cA"), InvalidReason.INVALID_FIELD),
     ],
 )
 def test_invalid_impressions(payload: bytes, reason: InvalidReason) -> None:

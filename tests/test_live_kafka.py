@@ -165,6 +165,7 @@ def test_live_run_equals_replay_and_dead_letters_bad_events(
         wait_until(lambda: 'window="24h"' in metrics(), 30, "/metrics shows the windows", [proc])
         text = metrics()
         assert "recsys_eval_ndcg{" in text
+        assert "recsys_eval_users{" in text
         assert "recsys_eval_invalid_events_total" in text
 
     finish(env, events, late, [proc], tmp_path, before_stop=scrape)

@@ -21,11 +21,14 @@ import pytest
 from evaluator.app.replay import evaluate_files, replay_history
 from evaluator.config import load_settings
 from evaluator.config.plain import tasks_config
+from evaluator.core.maturity import curve
 from evaluator.core.provisional import PROVISIONAL
 from evaluator.core.regression import DAY_MS, HOUR_MS, SCALE, detect
-from evaluator.core.timeutil import format_instant_ms, setting_instant_ms
+from evaluator.core.timeutil import format_duration_ms, format_instant_ms, setting_instant_ms
 from evaluator.engine.batches import PartitionBatch
 from evaluator.engine.tasks import Tasks
+from evaluator.readout.report import render_table
+from tests import reference
 from tests.test_ab_exported import T0, deliver, live, pick, scrape
 
 SETTINGS = {
@@ -96,10 +99,7 @@ def test_a_drop_is_flagged_after_it_starts_and_never_before(tmp_path, make_store
         point = pick(found, "recsys_eval_regression_since_timestamp_seconds", variant="B", k="10")
         if point is not None and pick(found, "recsys_eval_regression", variant="B", k="10"):
             since.append(point * 1000)
-    for _ in range(2):  # the wall clock runs on: every request final
-        clock.now += DAY_MS
-        tasks.apply([], {"impressions:0": clock.now, "interactions:0": clock.now})
-    tasks.settle()
+    run_on(tasks, clock)
     assert len(flags["A"]) >= 24 and not any(v for _, v in flags["A"]), flags["A"]
     drop_hour = (DROP_AT - T0) // HOUR_MS
     raised = [h for h, v in flags["B"] if v]
@@ -109,12 +109,17 @@ def test_a_drop_is_flagged_after_it_starts_and_never_before(tmp_path, make_store
     # the change point, in finalisation time: the drop's requests are due 6 minutes on
     assert since and all(DROP_AT - 3 * HOUR_MS <= s <= DROP_AT + HOUR_MS for s in since)
 
-    # replay of the same events: the detector over the file equals the store's
+    replay_agrees(tmp_path, settings, store, hours, clock.now)
+
+
+def replay_agrees(tmp_path, settings, store, hours: list[list[bytes]], now_ms: int) -> None:
+    """Replay of the same events: the detector and the maturity curves over the file
+    equal what the store's history gives."""
     imps, ints = tmp_path / "imps.jsonl", tmp_path / "ints.jsonl"
     events = [raw for hour in hours for raw in hour]
     imps.write_bytes(b"\n".join(e for e in events if b'"items"' in e) + b"\n")
     ints.write_bytes(b"\n".join(e for e in events if b'"items"' not in e) + b"\n")
-    report = evaluate_files(imps, ints, settings, progress=False, now_ms=clock.now)
+    report = evaluate_files(imps, ints, settings, progress=False, now_ms=now_ms)
     block = report["regression"]
     rules = settings.regression.rules(tuple(settings.metrics.k))
     at = setting_instant_ms("at", block["at"])
@@ -127,6 +132,18 @@ def test_a_drop_is_flagged_after_it_starts_and_never_before(tmp_path, make_store
         assert mine["score"] == round(d.score, 6)
         assert (mine["slot_ndcg"], mine["baseline_ndcg"]) == (d.current, d.baseline)
         assert mine["since"] == (format_instant_ms(d.since_ms) if d.since_ms else None)
+    # and the maturity curve over the same days (clicks 30 s after: all there by 1 minute)
+    ages = [format_duration_ms(a) for a in settings.maturity_ages_ms()]
+    assert ages == ["1m", "2m"]  # the ages shorter than the 5-minute window
+    curves = curve(store.history(0), at - rules.span_ms, rules.ks)
+    assert {(v, int(k)) for v, by_k in block["maturity"].items() for k in by_k} == set(curves)
+    for (variant, k), shares in curves.items():
+        assert block["maturity"][variant][str(k)] == dict(
+            zip(ages, shares.round(6).tolist(), strict=True)
+        )
+        assert shares.tolist() == [1.0, 1.0]
+    table = render_table(report)
+    assert "A nDCG@10 maturity (share of the final by age): 1m 1.00, 2m 1.00" in table
 
 
 def delayed_traffic(
@@ -171,6 +188,25 @@ def steps(events: list[tuple[int, bytes]], fine_from: int) -> list[tuple[int, li
     return out
 
 
+def feed_step(tasks, clock, end: int, payloads: list[bytes], offsets: dict[str, int]) -> None:
+    """One step's events in two polls (impressions, then interactions), the wall clock
+    at the step's end."""
+    for kind in ("impressions", "interactions"):
+        mine = [p for p in payloads if (b'"items"' in p) == (kind == "impressions")]
+        first = offsets[kind]
+        offsets[kind] += len(mine)
+        clock.now = max(clock.now, end)
+        tasks.apply([PartitionBatch(kind, f"{kind}:0", mine, range(first, offsets[kind]))], {})
+
+
+def run_on(tasks, clock) -> None:
+    """The wall clock runs on for two days with the inputs idle: every request final."""
+    for _ in range(2):
+        clock.now += DAY_MS
+        tasks.apply([], {"impressions:0": clock.now, "interactions:0": clock.now})
+    tasks.settle()
+
+
 @pytest.mark.parametrize("make_store", ["memory", "redis"], indirect=True)
 def test_a_drop_shows_in_provisional_ndcg_before_the_window_closes(tmp_path, make_store) -> None:
     """The default 30-minute attribution window: requests are scored again 3 min 5 s
@@ -189,12 +225,7 @@ def test_a_drop_shows_in_provisional_ndcg_before_the_window_closes(tmp_path, mak
     events = delayed_traffic(seed=8, kept=0.0)  # at 40 requests a slot: a drop to none
     flagged_at, provisional = None, []
     for end, payloads in steps(events, fine_from=DROP_AT - HOUR_MS):
-        for kind in ("impressions", "interactions"):
-            mine = [p for p in payloads if (b'"items"' in p) == (kind == "impressions")]
-            first = offsets[kind]
-            offsets[kind] += len(mine)
-            clock.now = max(clock.now, end)
-            tasks.apply([PartitionBatch(kind, f"{kind}:0", mine, range(first, offsets[kind]))], {})
+        feed_step(tasks, clock, end, payloads, offsets)
         if end < DROP_AT - HOUR_MS:
             continue
         found = scrape(registry)
@@ -217,10 +248,7 @@ def test_a_drop_shows_in_provisional_ndcg_before_the_window_closes(tmp_path, mak
     deadline = settings.finalise_config().deadline(DROP_AT)
     assert flagged_at is not None and DROP_AT < flagged_at < deadline, flagged_at - DROP_AT
 
-    for _ in range(2):  # the wall clock runs on: every request final
-        clock.now += DAY_MS
-        tasks.apply([], {"impressions:0": clock.now, "interactions:0": clock.now})
-    tasks.settle()
+    run_on(tasks, clock)
     imps, ints = tmp_path / "imps.jsonl", tmp_path / "ints.jsonl"
     imps.write_bytes(b"\n".join(p for _, p in events if b'"items"' in p) + b"\n")
     ints.write_bytes(b"\n".join(p for _, p in events if b'"items"' not in p) + b"\n")
@@ -249,12 +277,7 @@ def test_the_provisional_estimate_at_five_minutes_is_calibrated() -> None:
     events = delayed_traffic(seed=11, kept=1.0, days=3)
     read: list[tuple[str, int, float, float, float]] = []  # variant, slot, lower, value, upper
     for end, payloads in steps(events, fine_from=T0 + DAY_MS):
-        for kind in ("impressions", "interactions"):
-            mine = [p for p in payloads if (b'"items"' in p) == (kind == "impressions")]
-            first = offsets[kind]
-            offsets[kind] += len(mine)
-            clock.now = max(clock.now, end)
-            tasks.apply([PartitionBatch(kind, f"{kind}:0", mine, range(first, offsets[kind]))], {})
+        feed_step(tasks, clock, end, payloads, offsets)
         if end <= T0 + DAY_MS:
             continue
         found = scrape(registry)
@@ -270,10 +293,7 @@ def test_the_provisional_estimate_at_five_minutes_is_calibrated() -> None:
             lower = pick(found, "recsys_eval_provisional_ndcg_lower", variant=variant, k="10")
             upper = pick(found, "recsys_eval_provisional_ndcg_upper", variant=variant, k="10")
             read.append((variant, estimated, lower, value, upper))
-    for _ in range(2):  # the wall clock runs on: every request final
-        clock.now += DAY_MS
-        tasks.apply([], {"impressions:0": clock.now, "interactions:0": clock.now})
-    tasks.settle()
+    run_on(tasks, clock)
     history = tasks.store.history(0)
     k10 = list(settings.metrics.k).index(10)
     inside, widths = [], []
@@ -287,3 +307,50 @@ def test_the_provisional_estimate_at_five_minutes_is_calibrated() -> None:
     share = sum(inside) / len(inside)
     assert share >= 0.9, share
     assert float(np.median(widths)) < 0.25  # a band of at most ±25% of the value
+
+
+def test_the_maturity_curve_is_exported_as_each_age_would_score_the_requests() -> None:
+    """Two days of traffic whose clicks arrive over minutes, through the engine: the
+    exported ``recsys_eval_ndcg_maturity`` is, per variant and age, the nDCG@10 of the
+    requests finalised in the days the span overlaps, scored from scratch with the
+    clicks of their first ``age`` (tests/reference.py), over their final nDCG@10."""
+    settings = load_settings(
+        environ={}, overrides={k: v for k, v in SETTINGS.items() if k != "join"}
+    )
+    ages = settings.maturity_ages_ms()
+    assert ages == (60_000, 120_000, 300_000, 600_000, 1_200_000)  # the defaults
+    tasks, clock, registry = live(settings)
+    offsets = {"impressions": 0, "interactions": 0}
+    events = delayed_traffic(seed=21, kept=1.0, days=2)
+    for end, payloads in steps(events, fine_from=T0 + 2 * DAY_MS):
+        feed_step(tasks, clock, end, payloads, offsets)
+    run_on(tasks, clock)
+    found = scrape(registry)
+    frontier = tasks.store.frontier()
+    assert frontier is not None
+    first_day = (frontier - settings.regression.rules(()).span_ms) // DAY_MS * DAY_MS
+    delay = settings.finalise_config().deadline(0)
+    decoded = [json.loads(p) for _, p in events]
+    clicks: dict[str, list[tuple[int, str]]] = {}
+    for e in decoded:
+        if "items" not in e:
+            clicks.setdefault(e["request_id"], []).append((e["timestamp"], e["item_id"]))
+    sums = {v: np.zeros(len(ages) + 1) for v in "AB"}
+    for e in decoded:
+        if "items" not in e or e["timestamp"] + delay < first_day:
+            continue
+        if len(set(e["items"])) < len(e["items"]):  # invalid: an item shown twice
+            continue
+        for a, age in enumerate((*ages, math.inf)):
+            seen = {
+                item for ts, item in clicks.get(e["request_id"], []) if ts - e["timestamp"] <= age
+            }
+            grades = [1.0 if item in seen else 0.0 for item in e["items"]]
+            sums[e["variant"]][a] += reference.ndcg(grades, 10)
+    for variant, total in sums.items():
+        exported = [
+            pick(found, "recsys_eval_ndcg_maturity", variant=variant, k="10", age=age)
+            for age in ("1m", "2m", "5m", "10m", "20m")
+        ]
+        assert exported == pytest.approx((total[:-1] / total[-1]).tolist(), rel=1e-6), variant
+        assert 0.2 < exported[0] < exported[2] < exported[4] < 1.0  # clicks over minutes

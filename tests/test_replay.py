@@ -38,8 +38,12 @@ def test_replay_matches_the_naive_oracle(tmp_path, capsys, seed: int) -> None:
     report = replay_json(capsys, str(imp), str(inter), "--k", "5", "--k", "10")
     want = naive_evaluate(events, k=10)
     assert set(report["variants"]) == set(want["ndcg"])
+    users: dict[str, set[str]] = {}
+    for e in events.impressions:
+        users.setdefault(e["variant"], set()).add(e["user_id"])
     for variant, block in report["variants"].items():
         assert block["requests"] == want["requests"][variant]
+        assert block["users"] == len(users[variant])
         assert block["ndcg"]["10"] == pytest.approx(want["ndcg"][variant], abs=1e-12)
         assert block["ndcg_adjusted"] == block["ndcg"]
         for cohort in ("cold_start", "established"):

@@ -21,6 +21,7 @@ from evaluator.core.decode import decode_impressions, decode_interactions
 from evaluator.core.finalise import FinaliseConfig, Finalised
 from evaluator.core.relevance import BUILTIN_PROFILES
 from evaluator.engine.checkpoint import Delta, Outcome
+from evaluator.engine.commit_payload import USERS
 from evaluator.engine.partition import PartitionEngine, StepCounts
 from evaluator.engine.restore import restore_state
 
@@ -463,7 +464,7 @@ def test_distinct_items_for_coverage(make_store) -> None:
 
 
 def test_distinct_items_per_variant_cutoff_and_window(make_store) -> None:
-    """Top-k cuts, variants and every window keep their own item sets."""
+    """Top-k cuts, variants and every window keep their own item sets, and user sets."""
     layout = SETTINGS.layout()
     store = make_store(layout)
     a1 = [f"a{i}" for i in range(12)]
@@ -487,6 +488,8 @@ def test_distinct_items_per_variant_cutoff_and_window(make_store) -> None:
             ("A", 20): len(set(a1) | set(a2)),
             ("B", 10): 4,
             ("B", 20): 4,
+            ("A", USERS): 2,  # and the distinct users
+            ("B", USERS): 1,
         }
         for key, n in want.items():
             assert counts[key] == pytest.approx(n, abs=0.5), (window, key)
@@ -921,10 +924,12 @@ def test_redis_sketches_live_as_long_as_their_windows_blocks(
 def test_regression_history_sums_each_slot_and_is_bounded_by_event_time(make_store) -> None:
     """The regression detector's history: per (hour, variant) each slot's requests,
     engaged requests and nDCG sums, summed over partitions, equal to what the
-    checkpointed rows hold (whole numbers: exact in any order); a partition's arrays
-    that fell the history's length behind its newest are dropped (memory) or deleted
-    (Redis), so a long run's history stays bounded."""
-    from evaluator.core.regression import HOUR_MS, RegressionRules, row_columns
+    checkpointed rows hold (whole numbers: exact in any order), and per (day, variant)
+    the maturity curve's arrays (another shape); a partition's arrays that fell the
+    history's length behind its newest are dropped (memory) or deleted (Redis), so a
+    long run's history stays bounded."""
+    from evaluator.core.maturity import maturity_increments
+    from evaluator.core.regression import HOUR_MS, RegressionRules, row_columns, variant_codes
     from evaluator.core.regression import history_increments as sums
 
     layout = SETTINGS.layout()
@@ -943,9 +948,12 @@ def test_regression_history_sums_each_slot_and_is_bounded_by_event_time(make_sto
             owner.ingest(decode_impressions([payload])[0], interactions(*clicks))
             for done in owner.finalise(CONFIG.deadline(ts)):
                 rows = done.rows[:, row_columns(layout.schema, layout.ks)]
-                for (hour, v), array in sums(
-                    rules, done.deadline_ms, done.due.variant, rows
-                ).items():
+                assert done.maturity is not None  # kept by default
+                final = (rows[:, 2::2], rows[:, 1] > 0)
+                codes = variant_codes(done.due.variant)
+                added = sums(rules, done.deadline_ms, done.due.variant, rows)
+                added |= maturity_increments(done.deadline_ms, codes, final, done.maturity)
+                for (hour, v), array in added.items():
                     written[(hour, v, p)] = written.get((hour, v, p), 0) + array
     kept: dict[tuple[int, str], np.ndarray] = {}
     alive = 0
@@ -961,6 +969,8 @@ def test_regression_history_sums_each_slot_and_is_bounded_by_event_time(make_sto
     for key, array in kept.items():
         assert np.array_equal(found[key], array), key
     assert sum(float(a[:, 1].sum()) for a in found.values()) > 0  # engaged requests
+    shapes = {a.shape for a in found.values()}
+    assert len(shapes) == 2  # hours of slots, days of ages
     later = max(hour for hour, _ in kept) - 5 * 24 * HOUR_MS
     assert store.history(later).keys() == {k for k in kept if k[0] >= later}
     if make_store.kind == "memory":

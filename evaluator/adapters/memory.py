@@ -26,6 +26,7 @@ from evaluator.core.regression import HistoryKey
 from evaluator.core.windows import AggregateLayout, expand_shards
 from evaluator.engine.checkpoint import Checkpoint, Delta, Marks, Outcome
 from evaluator.engine.commit_payload import (
+    USERS,
     covariate_increments,
     experiment_increments,
     history_increments,
@@ -95,7 +96,7 @@ class MemoryStore:
         coverage sets and its observation to ``observed`` (by day); ``written``: the
         oldest bucket start written per window."""
         layout = self.layout
-        variant = finalised.due.variant[i]
+        variant, user = finalised.due.variant[i], finalised.due.user_id[i]
         local = int(finalised.user_bucket[i]) // layout.shards
         cohort = int(finalised.cohort[i])
         for window in layout.windows_ms:
@@ -109,6 +110,7 @@ class MemoryStore:
             for k in layout.ks:
                 key = (window, start, variant, k)
                 self._items.setdefault(key, set()).update(shown[:k])
+            self._items.setdefault((window, start, variant, USERS), set()).add(user)
             if window == max(layout.windows_ms):
                 key = (window, start, "*", 0)
                 self._items.setdefault(key, set()).update(shown)
@@ -272,7 +274,8 @@ class MemoryStore:
                 sets = [self._items.get((window_ms, b, name, k), set()) for b in bucket_starts]
                 return len(set().union(*sets))
 
-            counts = {(v, k): float(union(v, k)) for v in variants for k in self.layout.ks}
+            ks = (*self.layout.ks, USERS)
+            counts = {(v, k): float(union(v, k)) for v in variants for k in ks}
             longest = max(self.layout.windows_ms)
             until = bucket_starts[-1] if bucket_starts else 0
             catalog: set[str] = set()

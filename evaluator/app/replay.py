@@ -34,7 +34,13 @@ from evaluator.core.regression import WEEK_MS, FloatArray, HistoryKey
 from evaluator.core.timeutil import format_instant_ms
 from evaluator.engine.batches import wall_clock_ms
 from evaluator.readout.ab_report import experiment_readouts
-from evaluator.readout.regression import Early, file_detections, file_history, regression_json
+from evaluator.readout.regression import (
+    Early,
+    curves_json,
+    file_detections,
+    file_history,
+    regression_json,
+)
 from evaluator.readout.report import EventCounts, build_report, read_file, render_table, set_level
 
 MAX_INVALID_SAMPLES = 1000
@@ -211,8 +217,9 @@ def regression_report(
     if not times or max(times) - min(times) < WEEK_MS:
         return {"at": None, "variants": {}, "reason": SHORT}
     early = _early(settings, attribution, curve)
-    found, end = file_detections(scored, early, readout.regression, readout.zero_relevance)
-    return regression_json(found, end)
+    rules = readout.regression
+    found, curves, end = file_detections(scored, early, rules, readout.zero_relevance)
+    return regression_json(found, end) | {"maturity": curves_json(curves, rules.maturity_ages_ms)}
 
 
 SHORT = "the files span less than a week: the detector's baseline is a week back"

@@ -107,7 +107,9 @@ def readout_config(settings: Settings) -> ReadoutConfig:
         propensity=(p.positions, p.min_clicks) if p.collect else None,
         described=_described(settings),
         regression=(
-            settings.regression.rules(tuple(metrics.k), settings.provisional())
+            settings.regression.rules(
+                tuple(metrics.k), settings.provisional(), settings.maturity_ages_ms()
+            )
             if settings.regression.enabled
             else None
         ),

@@ -49,6 +49,11 @@ class RegressionSettings(msgspec.Struct, forbid_unknown_fields=True):
     """Requests are also scored with the interactions of their first this long, before
     they are final (provisional nDCG; once allowed lateness and clock skew have passed
     too); 0 turns it off."""
+    maturity_ages: list[str | int] = msgspec.field(
+        default_factory=lambda: ["1m", "2m", "5m", "10m", "20m"]
+    )
+    """Ages at which finalised requests are scored again for the maturity curve (those
+    not shorter than the attribution window are left out); [] turns it off."""
 
     def __post_init__(self) -> None:
         slot = setting_ms("slot", self.slot)
@@ -70,6 +75,15 @@ class RegressionSettings(msgspec.Struct, forbid_unknown_fields=True):
             raise ValueError("span must be between slot and 7d")
         if setting_ms("provisional_age", self.provisional_age) < 0:
             raise ValueError("provisional_age must be >= 0")
+        ages = [setting_ms("maturity_ages", a) for a in self.maturity_ages]
+        if len(ages) > 12 or any(a <= 0 for a in ages) or ages != sorted(set(ages)):
+            raise ValueError("maturity_ages must be at most 12 increasing positive durations")
+
+    def maturity_ages_ms(self, window_ms: int) -> tuple[int, ...]:
+        """The maturity curve's ages shorter than the attribution window (none when the
+        detector is disabled)."""
+        ages = (setting_ms("maturity_ages", a) for a in self.maturity_ages)
+        return tuple(a for a in ages if a < window_ms) if self.enabled else ()
 
     def provisional(self, window_ms: int, delay_ms: int, fixed_ms: int) -> Provisional:
         """When requests are scored early: ``provisional_age`` after the impression plus
@@ -83,7 +97,12 @@ class RegressionSettings(msgspec.Struct, forbid_unknown_fields=True):
         lead = -(-(delay_ms - at) // slot)  # slots from the provisional key to the deadline
         return Provisional(lead, age, at, delay_ms - lead * slot)
 
-    def rules(self, ks: tuple[int, ...], early: Provisional | None = None) -> RegressionRules:
+    def rules(
+        self,
+        ks: tuple[int, ...],
+        early: Provisional | None = None,
+        maturity_ages_ms: tuple[int, ...] = (),
+    ) -> RegressionRules:
         slot = setting_ms("slot", self.slot)
         early = early or Provisional(0, 0, 0, 0)
         return RegressionRules(
@@ -98,6 +117,7 @@ class RegressionSettings(msgspec.Struct, forbid_unknown_fields=True):
             lead_slots=early.lead,
             age_ms=early.age_ms,
             ready_ms=early.at_ms - early.key_ms,
+            maturity_ages_ms=maturity_ages_ms,
         )
 
     def keep_ms(self, ks: tuple[int, ...]) -> int:

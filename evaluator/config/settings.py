@@ -325,7 +325,12 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
             provisional_ms=early.at_ms,
             provisional_age_ms=early.age_ms,
             provisional_key_ms=early.key_ms,
+            maturity_ages_ms=self.maturity_ages_ms(),
         )
+
+    def maturity_ages_ms(self) -> tuple[int, ...]:
+        """The maturity curve's ages (see ``[regression]``)."""
+        return self.regression.maturity_ages_ms(self.join.rules().attribution_window_ms)
 
     def provisional(self) -> Provisional:
         """When requests are scored early for provisional nDCG (see ``[regression]``)."""

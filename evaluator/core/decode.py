@@ -46,20 +46,21 @@ def to_ms(value: int | datetime) -> int:
     return value if isinstance(value, int) else datetime_to_ms(value)
 
 
-RESERVED = ("\x1e", "\x1f")
-"""Control characters the state store uses as separators; identifiers must not hold them."""
+RESERVED = ("\x1c", "\x1d", "\x1e", "\x1f")
+"""Control characters the state store uses as separators and name prefixes (the
+history's maturity and provisional arrays); identifiers must not hold them."""
 
 
 def _reserved(*texts: str) -> bool:
     joined = "".join(texts)
-    return RESERVED[0] in joined or RESERVED[1] in joined
+    return any(c in joined for c in RESERVED)
 
 
 def may_hold_reserved(raw: Sequence[bytes]) -> bool:
     """Whether any payload could decode to a string holding a reserved character.
 
     JSON must escape control characters (msgspec rejects them raw), so a payload
-    without the text ``\\u001`` cannot hold U+001E or U+001F: one byte search over the
+    without the text ``\\u001`` cannot hold U+001C to U+001F: one byte search over the
     batch (newline-separated: no match spans two payloads) spares the per-string check
     on almost every batch."""
     return b"\\u001" in b"\n".join(raw)

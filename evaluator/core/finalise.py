@@ -29,6 +29,7 @@ from evaluator.core.join import (
     join_by_request_batch,
     join_by_user_batch,
 )
+from evaluator.core.maturity import partial_ndcg
 from evaluator.core.metrics.overlap import rbo
 from evaluator.core.metrics.setlevel import intra_list_diversity
 from evaluator.core.propensity.estimation import Observation, clicked_positions
@@ -87,6 +88,9 @@ class Finalised:
     :mod:`evaluator.core.experiments`); set by the engine."""
     interleaving: Credited | None = None
     """Interleaved requests' ranker pairs and outcomes (None: none was interleaved)."""
+    maturity: tuple[FloatArray, npt.NDArray[np.bool_]] | None = None
+    """The requests scored at the maturity curve's ages
+    (:func:`evaluator.core.maturity.partial_ndcg`; None: no curve kept)."""
 
     @classmethod
     def of(
@@ -357,6 +361,9 @@ def finalise(
     )
     if due.draft is not None:
         done.interleaving = credit(due.draft, *attributed[:3])
+    if layout.maturity_ages_ms and layout.history_keep_ms:
+        final, ages = scores.values["ndcg"], layout.maturity_ages_ms
+        done.maturity = partial_ndcg(attributed, due.ms, final, ages, config.scoring)
     if config.propensity_positions:
         done.observations = observations(due.context, done.shown(), due.randomization, attributed)
     return done

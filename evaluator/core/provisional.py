@@ -30,6 +30,9 @@ from evaluator.core.scoring import RequestScores
 FloatArray = npt.NDArray[np.float64]
 PROVISIONAL = "\x1d"
 """Before a variant's name in the history: its provisional arrays."""
+MATURITY = "\x1c"
+"""Before a variant's name in the history: its maturity arrays
+(:mod:`evaluator.core.maturity`). Events cannot hold either character."""
 Z95 = 1.959963984540054
 
 
@@ -47,13 +50,14 @@ def as_provisional(
 def split_history(
     history: Mapping[tuple[int, str], FloatArray],
 ) -> tuple[dict[tuple[int, str], FloatArray], dict[tuple[int, str], FloatArray]]:
-    """The final arrays, and the provisional ones keyed by their variant's own name."""
+    """The final arrays, and the provisional ones keyed by their variant's own name
+    (other kinds, such as the maturity arrays, are left out)."""
     final: dict[tuple[int, str], FloatArray] = {}
     early: dict[tuple[int, str], FloatArray] = {}
     for (hour, name), array in history.items():
         if name.startswith(PROVISIONAL):
             early[(hour, name[len(PROVISIONAL) :])] = array
-        else:
+        elif not name.startswith(MATURITY):
             final[(hour, name)] = array
     return final, early
 

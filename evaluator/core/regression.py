@@ -74,6 +74,8 @@ class RegressionRules:
     ready_ms: int = 0
     """A provisional slot is complete this long after its end (its requests are
     scored after the time they are slotted at)."""
+    maturity_ages_ms: tuple[int, ...] = ()
+    """The maturity curve's ages (:mod:`evaluator.core.maturity`; none: not kept)."""
 
     def __post_init__(self) -> None:
         if HOUR_MS % self.slot_ms:
@@ -140,9 +142,14 @@ def history_increments(
     ``rules.ks`` its nDCG@K and the square of it, as the statistics rows hold them."""
     if not len(variant):
         return {}
+    return coded_increments(rules, deadline_ms, variant_codes(variant), per_request)
+
+
+def variant_codes(variant: Sequence[str]) -> tuple[list[str], I64]:
+    """The distinct names, and each request's index among them."""
     index = {name: i for i, name in enumerate(dict.fromkeys(variant))}
     code = np.fromiter(map(index.__getitem__, variant), dtype=np.int64, count=len(variant))
-    return coded_increments(rules, deadline_ms, (list(index), code), per_request)
+    return list(index), code
 
 
 def coded_increments(
@@ -381,4 +388,5 @@ __all__ = [
     "history_increments",
     "row_columns",
     "slot_series",
+    "variant_codes",
 ]

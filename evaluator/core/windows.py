@@ -63,6 +63,9 @@ class AggregateLayout:
     provisional_key_ms: int = 0
     """... into the history slot of their impression time plus this (whole slots before
     their deadline: see :mod:`evaluator.core.provisional`)."""
+    maturity_ages_ms: tuple[int, ...] = ()
+    """Finalised requests are also scored at these ages for the maturity curve
+    (:mod:`evaluator.core.maturity`; kept with the history)."""
     schema: RowSchema = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -179,7 +182,11 @@ def resume(layout: AggregateLayout, stored: str | None) -> AggregateLayout:
 
 def user_buckets(user_ids: Sequence[str], layout: AggregateLayout) -> I64:
     """Stable user bucket of each user (the same in every process)."""
-    hashes = hash_strings(list(user_ids))
+    return hash_buckets(hash_strings(list(user_ids)), layout)
+
+
+def hash_buckets(hashes: npt.NDArray[np.uint64], layout: AggregateLayout) -> I64:
+    """:func:`user_buckets` of users given by their stable hashes."""
     return (hashes % np.uint64(layout.user_buckets)).astype(np.int64)
 
 

@@ -21,11 +21,12 @@ import numpy.typing as npt
 from evaluator.core.ab.interleaving import add_outcomes
 from evaluator.core.experiments import SEP
 from evaluator.core.finalise import Finalised
+from evaluator.core.maturity import is_maturity, maturity_increments
 from evaluator.core.propensity.estimation import Observation, counter_day, increments
-from evaluator.core.regression import HistoryKey, RegressionRules, row_columns
+from evaluator.core.regression import HistoryKey, RegressionRules, row_columns, variant_codes
 from evaluator.core.regression import history_increments as slot_sums
 from evaluator.core.rows import COVARIATE, INTERLEAVING
-from evaluator.core.sketch import U64
+from evaluator.core.sketch import U64, hash_strings
 from evaluator.core.windows import AggregateLayout, block_ttl_s, partition_user_buckets
 
 FloatArray = npt.NDArray[np.float64]
@@ -35,7 +36,10 @@ _NOTHING = np.zeros(0, dtype=np.intp)
 """No positions: a sketch that only holds the union of others (never modified)."""
 SketchKey = Callable[[int, int, str, int], str]
 """(window ms, bucket start ms, variant, k) -> sketch key; variant "*" and k 0 for the
-catalogue sketch of the longest window."""
+catalogue sketch of the longest window, a variant and k :data:`USERS` for its users."""
+USERS = 0
+"""The "cutoff" of a variant's sketch of the users with a finalised request (whose
+hashes share the item sketches' batch and writes)."""
 
 
 def block_increments(
@@ -143,9 +147,11 @@ def coverage_updates(
     (no per-item Python work), over each shown item's stable hash."""
     items = finalised.due.items
     lengths = items.lengths()
-    hashes = finalised.item_hashes(items.flat)
+    item_hashes = finalised.item_hashes(items.flat)
+    # each request's user after the shown items: position len(items) + request
+    hashes = np.concatenate([item_hashes, hash_strings(finalised.due.user_id)])
     row = items.row_of()
-    rank = np.arange(hashes.size) - np.repeat(items.off[:-1].astype(np.int64), lengths)
+    rank = np.arange(item_hashes.size) - np.repeat(items.off[:-1].astype(np.int64), lengths)
     ks = sorted(layout.ks)
     # cut-off level of each shown item: ranks (ks[j-1], ks[j]] go to the top-ks[j] sketch
     level = np.searchsorted(np.asarray(ks), rank, side="right")
@@ -164,6 +170,7 @@ def coverage_updates(
         order = np.argsort(cell, kind="stable")
         counts = np.bincount(cell, minlength=len(groups) * levels)
         bounds = np.cumsum(counts) - counts
+        users = _by_group(of_row, len(groups), item_hashes.size)
         for g, (start, v) in enumerate(groups):
             smaller: list[str] = []
             for j, k in enumerate(ks):
@@ -174,6 +181,9 @@ def coverage_updates(
                 smaller = [name]
             if window == longest:
                 tops.setdefault(start, []).append(smaller[0])
+            name = key(window, start, variants[v], USERS)
+            out.sketches[name] = (users[g], [])
+            placed.append((window, start, variants[v], USERS, name))
     for window in layout.windows_ms:
         source = layout.sketch_source(window)
         for w, start, shown_by, k, name in placed if source is not None else ():
@@ -188,6 +198,13 @@ def coverage_updates(
             out.sketches[longer][1].append(name)
     _catalogue(out, layout, key, tops, deadlines=finalised.deadline_ms, row=row, level=level)
     return out
+
+
+def _by_group(of_row: I64, groups: int, offset: int) -> list[npt.NDArray[np.intp]]:
+    """Per group, the positions (``offset`` + request index) of its requests' users."""
+    order = np.argsort(of_row, kind="stable")
+    bounds = np.searchsorted(of_row[order], np.arange(groups + 1))
+    return [(order[bounds[g] : bounds[g + 1]] + offset).astype(np.intp) for g in range(groups)]
 
 
 def _codes(values: list[str]) -> tuple[list[str], I64]:
@@ -256,20 +273,36 @@ def history_increments(
         return {}
     rules = RegressionRules(ks=layout.ks, slot_ms=layout.history_slot_ms)
     rows = finalised.rows[:, row_columns(layout.schema, layout.ks)]
-    return slot_sums(rules, finalised.deadline_ms, finalised.due.variant, rows)
+    out = slot_sums(rules, finalised.deadline_ms, finalised.due.variant, rows)
+    if finalised.maturity is not None:
+        final = (rows[:, 2::2], rows[:, 1] > 0)  # nDCG@K per K, engaged
+        variants = variant_codes(finalised.due.variant)
+        out |= maturity_increments(finalised.deadline_ms, variants, final, finalised.maturity)
+    return out
 
 
-def history_doubles(layout: AggregateLayout) -> int:
-    """Doubles in one stored history array (an hour of slots)."""
+def history_shape(layout: AggregateLayout, name: str) -> tuple[int, int]:
+    """A stored history array's shape: an hour of slots, or a maturity array's ages and
+    the final row (:mod:`evaluator.core.maturity`), by cutoff columns."""
     rules = RegressionRules(ks=layout.ks, slot_ms=layout.history_slot_ms)
-    return rules.slots_per_hour * rules.width
+    if is_maturity(name):
+        return len(layout.maturity_ages_ms) + 1, rules.width
+    return rules.slots_per_hour, rules.width
+
+
+def history_prefixes(layout: AggregateLayout) -> tuple[str, str]:
+    """The stored names' prefixes of the history, and of the maturity arrays: the slot
+    or the ages, and the cutoffs (another setting starts anew; a reader of a version
+    without maturity arrays does not see them)."""
+    ks = ",".join(map(str, layout.ks))
+    ages = ",".join(map(str, layout.maturity_ages_ms))
+    return f"{layout.history_slot_ms}/{ks}:", f"m{ages}/{ks}:"
 
 
 def history_name(layout: AggregateLayout, key: HistoryKey) -> str:
-    """A history array's stored name: its slot and cutoffs (another setting starts a new
-    history), hour and variant."""
-    ks = ",".join(map(str, layout.ks))
-    return f"{layout.history_slot_ms}/{ks}:{key[0]}:{key[1]}"
+    """A history array's stored name: its prefix, hour and variant."""
+    prefix = history_prefixes(layout)[1 if is_maturity(key[1]) else 0]
+    return f"{prefix}{key[0]}:{key[1]}"
 
 
 def _longer_start(layout: AggregateLayout, window_ms: int, start_ms: int) -> int:

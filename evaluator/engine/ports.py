@@ -94,8 +94,9 @@ class StateStore(Protocol):
         """Distinct recommended items over the given buckets of a window.
 
         Returns the count per ``(variant, k)`` (top-k items of finalised
-        requests) and the catalog seen: every item shown by any variant over the
-        longest window ending at the last bucket.
+        requests; ``k`` = :data:`~evaluator.engine.commit_payload.USERS`: the distinct
+        users with a finalised request) and the catalog seen: every item shown by any
+        variant over the longest window ending at the last bucket.
         Sketch-based stores return estimates.
         """
         ...

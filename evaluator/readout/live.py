@@ -21,6 +21,7 @@ from evaluator.core.ab.stats import SequentialTracker
 from evaluator.core.experiments import Experiment
 from evaluator.core.propensity.estimation import Estimate, estimate_all
 from evaluator.core.timeutil import format_duration_ms
+from evaluator.engine.commit_payload import USERS
 from evaluator.engine.ports import FloatArray, StateStore
 from evaluator.readout.config import ReadoutConfig
 from evaluator.readout.model import (
@@ -73,8 +74,10 @@ class LiveReader:
             if rules is not None and model.windows:
                 shown = {v.variant for v in model.windows[-1].variants}
                 policy = self.config.zero_relevance
-                model.regression = live_detections(self.store, rules, frontier, policy, shown)
+                found = live_detections(self.store, rules, frontier, policy, shown)
+                model.regression, model.maturity = found
                 model.provisional_age_ms = rules.age_ms
+                model.maturity_ages_ms = rules.maturity_ages_ms
         if self.config.propensity is not None:
             model.propensity = self._propensity(*self.config.propensity)
         return model
@@ -104,7 +107,10 @@ class LiveReader:
         ks = self.layout.ks
         groups = sorted({(v, c, k) for _, c, others in compared for v in others for k in ks})
         coverage, counts, unions = self._sketched(window, starts, variants, groups)
-        views = [self._variant(v, block, coverage) for v, block in totals.items()]
+        views = [
+            self._variant(v, block, coverage, counts.get((v, USERS), NAN))
+            for v, block in totals.items()
+        ]
         overlaps = []
         for experiment, control, others in compared:
             for variant in others:
@@ -161,9 +167,10 @@ class LiveReader:
         return list(range(first, frontier + 1, width))
 
     def _variant(
-        self, variant: str, block: FloatArray, coverage: dict[tuple[str, int], float]
+        self, variant: str, block: FloatArray, coverage: dict[tuple[str, int], float], users: float
     ) -> VariantView:
-        """One variant's view of a window's summed blocks."""
+        """One variant's view of a window's summed blocks (``users``: the sketch's count
+        of its distinct users)."""
         # (cohort, user bucket, row): the user buckets give the means' standard errors
         schema, ks, policy = self.layout.schema, self.layout.ks, self.config.zero_relevance
         cohorts = {
@@ -180,7 +187,7 @@ class LiveReader:
         with_shadow = float(block[..., has_rbo].sum())
         rbo = float(block[..., rbo_sum].sum()) / with_shadow if with_shadow else NAN
         score = composite_of(cohorts["all"], covered, diversity, self.config.composite)
-        return VariantView(variant, cohorts, covered, diversity, score, rbo)
+        return VariantView(variant, cohorts, covered, diversity, score, rbo, users)
 
     def _experiment(self, experiment: Experiment) -> ExperimentReadout:
         """An experiment's A/B readout from its cumulative statistics."""

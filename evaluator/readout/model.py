@@ -51,6 +51,9 @@ class VariantView:
     composite: float
     shadow_rbo: float = NAN
     """Mean rank-biased overlap with the control's shadow rankings (NaN: none)."""
+    users: float = NAN
+    """Distinct users with a finalised request (live: a HyperLogLog estimate; replay:
+    exact; NaN: not kept, such as the capped ``other`` variant)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +90,10 @@ class ReadModel:
     """Per (variant, K), the regression detector at the readout (none: disabled)."""
     provisional_age_ms: int = 0
     """The age of the provisional nDCG in :attr:`regression`."""
+    maturity: Mapping[tuple[str, int], FloatArray] = field(default_factory=dict)
+    """Per (variant, K), the maturity curve: the share of the final nDCG given by the
+    interactions of each of :attr:`maturity_ages_ms` (:mod:`evaluator.core.maturity`)."""
+    maturity_ages_ms: tuple[int, ...] = ()
 
 
 def group_view(row: FloatArray, schema: RowSchema, ks: tuple[int, ...], policy: str) -> GroupView:

@@ -11,7 +11,8 @@ import numpy as np
 
 from evaluator.core.batch import ScoredRequests
 from evaluator.core.finalise import Attributed
-from evaluator.core.provisional import PROVISIONAL, as_provisional, score_rows
+from evaluator.core.maturity import Curves, curve, maturity_increments, partial_ndcg
+from evaluator.core.provisional import MATURITY, PROVISIONAL, as_provisional, score_rows
 from evaluator.core.regression import (
     Detection,
     HistoryKey,
@@ -20,7 +21,7 @@ from evaluator.core.regression import (
     detect,
 )
 from evaluator.core.scoring import ScoringConfig, score_sparse
-from evaluator.core.timeutil import format_instant_ms
+from evaluator.core.timeutil import format_duration_ms, format_instant_ms
 from evaluator.engine.ports import FloatArray, StateStore
 
 Detections = Mapping[tuple[str, int], Detection]
@@ -45,12 +46,15 @@ def live_detections(
     frontier_ms: int,
     zero_relevance: str,
     variants: set[str],
-) -> dict[tuple[str, int], Detection]:
-    """The detector at the readout time, over the store's history, for ``variants``
-    (the windows' capped list: labels stay bounded)."""
+) -> tuple[dict[tuple[str, int], Detection], Curves]:
+    """The detector at the readout time, over the store's history, and the maturity
+    curves, for ``variants`` (the windows' capped list: labels stay bounded)."""
     history = store.history(frontier_ms - rules.history_ms)
-    mine = {key: a for key, a in history.items() if key[1].lstrip(PROVISIONAL) in variants}
-    return detect(rules, mine, frontier_ms, zero_relevance)
+    mine = {
+        key: a for key, a in history.items() if key[1].lstrip(PROVISIONAL + MATURITY) in variants
+    }
+    found = detect(rules, mine, frontier_ms, zero_relevance)
+    return found, curve(mine, frontier_ms - rules.span_ms, rules.ks)
 
 
 def file_history(
@@ -71,20 +75,41 @@ def file_history(
         at = request_ms + early.key_ms
         rows = score_rows(partial, rules.ks)
         history |= as_provisional(coded_increments(rules, at, variants, rows))
+    if rules.maturity_ages_ms and n:
+        ndcg, ages = scored.scores.values["ndcg"], rules.maturity_ages_ms
+        aged = partial_ndcg(early.attributed, request_ms, ndcg, ages, early.scoring)
+        ends = (ndcg, scored.scores.engaged)
+        history |= maturity_increments(request_ms + early.delay_ms, variants, ends, aged)
     return history
 
 
 def file_detections(
     scored: ScoredRequests, early: Early, rules: RegressionRules, zero_relevance: str
-) -> tuple[dict[tuple[str, int], Detection], int | None]:
-    """The detector at the end of a file (every request final; its last slot is
-    complete), and that time."""
+) -> tuple[dict[tuple[str, int], Detection], Curves, int | None]:
+    """The detector and the maturity curves at the end of a file (every request final;
+    its last slot is complete), and that time."""
     if not scored.requests.events:
-        return {}, None
+        return {}, {}, None
     history = file_history(scored, early, rules)
     last = max(scored.requests.timestamp_ms) + early.delay_ms
     end = (last // rules.slot_ms + 1) * rules.slot_ms
-    return detect(rules, history, end, zero_relevance), end
+    return (
+        detect(rules, history, end, zero_relevance),
+        curve(history, end - rules.span_ms, rules.ks),
+        end,
+    )
+
+
+def curves_json(curves: Curves, ages_ms: tuple[int, ...]) -> dict[str, Any]:
+    """Per variant and K, the share of the final nDCG that each age gives (replay's
+    ``regression.maturity``)."""
+    out: dict[str, Any] = {}
+    for (variant, k), shares in sorted(curves.items()):
+        ages = map(format_duration_ms, ages_ms)
+        out.setdefault(variant, {})[str(k)] = {
+            a: round(float(v), 6) for a, v in zip(ages, shares, strict=True)
+        }
+    return out
 
 
 def regression_json(found: Detections, at_ms: int | None) -> dict[str, Any]:

@@ -80,6 +80,11 @@ def render(model: ReadModel, control: str = "") -> Families:
         _experiment(fam, readout)
     _propensity(fam, model.propensity)
     _regression(fam, model.regression, format_duration_ms(model.provisional_age_ms))
+    ages = [format_duration_ms(a) for a in model.maturity_ages_ms]
+    for (variant, k), shares in model.maturity.items():
+        for age, share in zip(ages, shares.tolist(), strict=True):
+            labels = {"variant": variant, "k": str(k), "age": age}
+            fam.add("recsys_eval_ndcg_maturity", labels, share)
     return fam
 
 
@@ -142,6 +147,8 @@ def _variant(fam: Families, view: VariantView, window: str, control: str) -> Non
     fam.add(
         "recsys_eval_composite_score", {"variant": view.variant, "window": window}, view.composite
     )
+    if not math.isnan(view.users):
+        fam.add("recsys_eval_users", {"variant": view.variant, "window": window}, view.users)
 
 
 def _experiment(fam: Families, readout: ExperimentReadout) -> None:

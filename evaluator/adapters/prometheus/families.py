@@ -98,6 +98,12 @@ def _regression(spec: Spec) -> None:
         "regression.span of requests that are now final): the maturity curve at that age.",
         [*vk, "age"],
     )
+    spec["recsys_eval_ndcg_maturity"] = (
+        "The maturity curve: share of the final nDCG@K that the interactions of the first "
+        "`age` after the impression give, over the requests finalised in the UTC days "
+        "that overlap the last regression.span (regression.maturity_ages).",
+        [*vk, "age"],
+    )
     spec["recsys_eval_provisional_partial_ndcg"] = (
         "Mean nDCG@K of the latest provisional slot with the interactions seen by the age.",
         [*vk, "age"],
@@ -109,6 +115,11 @@ def new_families() -> Families:
         "recsys_eval_requests": (
             "Requests finalised in the window.",
             ["variant", "window", "cohort"],
+        ),
+        "recsys_eval_users": (
+            "Distinct users with a finalised request in the window (a HyperLogLog "
+            "estimate, about 0.8% standard error): the unit of the standard errors.",
+            ["variant", "window"],
         ),
         "recsys_eval_engaged_requests": (
             "Finalised requests with a relevant item.",

@@ -1,8 +1,9 @@
 """Reading the regression detector's history (``rh:`` arrays, indexed by hour in ``rhi``).
 
 A detector reads weeks of hourly arrays at every refresh, so arrays that can no longer
-change are cached: those of hours ending before every partition's readout time
-(``rt``), since a partition only finalises requests due after its readout time.
+change are cached: those of hours (a maturity array: days) ending before every
+partition's readout time (``rt``), since a partition only finalises requests due
+after its readout time.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import numpy as np
 
 from evaluator.adapters.redis.blocks import text
 from evaluator.adapters.redis.connection import Client
-from evaluator.core.regression import HOUR_MS, HistoryKey, RegressionRules
+from evaluator.core.maturity import is_maturity
+from evaluator.core.regression import DAY_MS, HOUR_MS, HistoryKey
 from evaluator.core.windows import AggregateLayout
-from evaluator.engine.commit_payload import history_name
+from evaluator.engine.commit_payload import history_prefixes, history_shape
 from evaluator.engine.ports import FloatArray
 
 
@@ -34,13 +36,13 @@ class HistoryReader:
     ) -> dict[HistoryKey, FloatArray]:
         """Arrays of hours from ``since_ms`` on; ``final_before_ms``: every partition's
         readout time, or None when some partition has none (nothing is cached)."""
-        rules = RegressionRules(ks=layout.ks, slot_ms=layout.history_slot_ms)
-        shape = (rules.slots_per_hour, rules.width)
-        prefix = history_name(layout, (0, "")).split(":", 1)[0] + ":"
+        prefixes = history_prefixes(layout)
         pipe = self.client.pipeline(transaction=False)
         for shard in range(layout.shards):
             pipe.zrangebyscore(self.tag(shard) + "rhi", since_ms, "+inf")
-        listed = [[n for n in map(text, names) if n.startswith(prefix)] for names in pipe.execute()]
+        listed = [
+            [n for n in map(text, names) if n.startswith(prefixes)] for names in pipe.execute()
+        ]
         self._final = {
             key: a for key, a in self._final.items() if _hour(key[1]) >= since_ms
         }  # forget what fell out of the history read
@@ -59,10 +61,12 @@ class HistoryReader:
                     raw = found.get((shard, name))
                     if raw is None:
                         continue
+                    shape = history_shape(layout, _variant(name))
                     array = np.frombuffer(raw, dtype="<f8").reshape(shape).astype(np.float64)
-                    if final_before_ms is not None and _hour(name) + HOUR_MS <= final_before_ms:
+                    span = DAY_MS if is_maturity(_variant(name)) else HOUR_MS
+                    if final_before_ms is not None and _hour(name) + span <= final_before_ms:
                         self._final[(shard, name)] = array
-                key = (_hour(name), name.split(":", 2)[2])
+                key = (_hour(name), _variant(name))
                 out[key] = out[key] + array if key in out else array
         return out
 
@@ -77,3 +81,7 @@ class HistoryReader:
 
 def _hour(name: str) -> int:
     return int(name.split(":", 2)[1])
+
+
+def _variant(name: str) -> str:
+    return name.split(":", 2)[2]

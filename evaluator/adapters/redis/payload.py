@@ -108,7 +108,7 @@ def checkpoint_args(delta: Delta, layout: AggregateLayout) -> CheckpointArgs:
         sorted(variants),
         list(cumulative),
         exposures,
-        [x for key in history for x in (history_name(layout, key), key[0])],
+        [x for k, a in history.items() for x in (history_name(layout, k), k[0], a.size)],
     )
     return CheckpointArgs(
         msgspec.msgpack.encode(payload),

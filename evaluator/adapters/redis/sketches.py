@@ -18,7 +18,7 @@ import numpy.typing as npt
 from evaluator.core.finalise import Finalised
 from evaluator.core.sketch import U64, hash_strings
 from evaluator.core.windows import AggregateLayout, block_ttl_s
-from evaluator.engine.commit_payload import coverage_updates
+from evaluator.engine.commit_payload import USERS, coverage_updates
 
 DENSE_HEADER = b"HYLL" + bytes(4) + bytes(7) + b"\x80"
 """Redis' dense HyperLogLog header: magic, encoding 0 (dense), 3 unused bytes, and a
@@ -148,7 +148,7 @@ class CoverageSketches:
         self, window_ms: int, bucket_starts: Sequence[int], variants: Sequence[str]
     ) -> tuple[dict[tuple[str, int], float], float]:
         pipe = self.client.pipeline(transaction=False)
-        wanted = [(v, k) for v in variants for k in self.layout.ks]
+        wanted = [(v, k) for v in variants for k in (*self.layout.ks, USERS)]
         for variant, k in wanted:
             same_slot(pipe, "PFCOUNT", [self.key(window_ms, b, variant, k) for b in bucket_starts])
         same_slot(pipe, "PFCOUNT", self._catalog_keys(bucket_starts[-1] if bucket_starts else 0))

@@ -48,7 +48,6 @@ from evaluator.core.windows import (
     stored_block,
 )
 from evaluator.engine.checkpoint import Checkpoint, Delta, Marks, Outcome
-from evaluator.engine.commit_payload import history_doubles
 from evaluator.engine.ports import FloatArray
 
 __all__ = ["LayoutMismatchError", "RedisStore", "connect"]
@@ -227,7 +226,7 @@ class RedisStore:
                 args.values,
                 2 * self.layout.local_buckets,
                 args.history,
-                history_doubles(self.layout),
+                0,  # unused (each history array's doubles are in the payload)
                 self.layout.history_keep_ms,
             ],
         )

@@ -22,8 +22,8 @@
 -- ARGV[13] = rows per block (a stored block with fewer doubles per row was written
 --           before columns were added: widened, lib.lua)
 -- ARGV[14] = the regression history's increments (doubles, as ARGV[5]), in the order of
---           data[10] ({name, hour start, ...}); ARGV[15] = doubles per history array;
---           ARGV[16] = the history kept, ms of event time (absent: an older writer)
+--           data[10] ({name, hour start, doubles, ...}); ARGV[15] = unused (was the
+--           doubles per history array); ARGV[16] = the history kept, ms of event time
 -- Returns 1 when written; otherwise writes nothing and returns 0 when a newer owner has
 -- claimed the partition, -1 when the stored copy is not the writer's last (lost writes).
 local p = ARGV[1]
@@ -62,7 +62,7 @@ for i, key in ipairs(data[8]) do  -- cumulative since the experiment's start: no
 end
 local history = data[10]
 if history and #history > 0 then
-  add_history(p, history, ARGV[14], tonumber(ARGV[15]), tonumber(ARGV[16]))
+  add_history(p, history, ARGV[14], tonumber(ARGV[16]))
 end
 local exposed = data[9]
 for i = 1, #exposed, 2 do redis.call('HINCRBY', p .. 'xu', exposed[i], exposed[i + 1]) end

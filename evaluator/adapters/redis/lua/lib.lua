@@ -134,14 +134,16 @@ local function add_blocks(p, blocks, incs, nblock, rows)
     end
   end
 end
--- add the regression history's arrays (hist: {name, hour start, ...}; incs: their
--- little-endian doubles in turn, `n` each) to prefix `p`, indexed by hour in 'rhi';
+-- add the regression history's arrays (hist: {name, hour start, doubles, ...}; incs:
+-- their little-endian doubles in turn) to prefix `p`, indexed by hour in 'rhi';
 -- arrays more than `keep` ms of event time behind the newest written are deleted
-local function add_history(p, hist, incs, n, keep)
+local function add_history(p, hist, incs, keep)
   local index, ttl = p .. 'rhi', math.floor(keep / 1000) + 86400
   local newest
-  for i = 1, #hist, 2 do
-    add_block(p .. 'rh:' .. hist[i], incs, ((i - 1) / 2) * n * 8 + 1, n, ttl, nil)
+  local at = 1
+  for i = 1, #hist, 3 do
+    add_block(p .. 'rh:' .. hist[i], incs, at, hist[i + 2], ttl, nil)
+    at = at + hist[i + 2] * 8
     redis.call('ZADD', index, hist[i + 1], hist[i])
     if not newest or hist[i + 1] > newest then newest = hist[i + 1] end
   end
