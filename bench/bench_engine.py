@@ -50,11 +50,13 @@ from evaluator.engine.tasks import Tasks
 
 REGRESSION = {
     "on": {},
-    "final": {"provisional_age": 0},
+    "no-maturity": {"maturity_ages": []},
+    "final": {"provisional_age": 0, "maturity_ages": []},
     "off": {"enabled": False},
 }
-"""``--regression``: the detector's history with provisional scoring (the defaults),
-without the provisional scoring, or none."""
+"""``--regression``: the detector's history with provisional scoring and the maturity
+curve (the defaults), without the curve, without the provisional scoring either, or
+none."""
 
 TIMED = [
     ("decode and route", "evaluator.engine.routing", "Decoder.route"),
@@ -177,9 +179,10 @@ def main() -> None:
     )
     parser.add_argument(
         "--regression",
-        choices=["on", "final", "off"],
+        choices=list(REGRESSION),
         default="on",
-        help="the regression history with provisional scoring (the default), final only, none",
+        help="the regression history with provisional scoring and the maturity curve (the "
+        "default), without the curve, final only, none",
     )
     parser.add_argument("--profile", action="store_true")
     parser.add_argument(
