@@ -17,7 +17,7 @@ from evaluator.core.finalise import Finalised
 from evaluator.core.sketch import hash_strings
 from evaluator.core.windows import AggregateLayout
 from evaluator.engine.codebook import Codebook
-from evaluator.engine.commit_payload import block_increments, coverage_updates
+from evaluator.engine.commit_payload import USERS, block_increments, coverage_updates
 
 T0 = 1_700_000_000_000
 
@@ -83,7 +83,8 @@ def test_coverage_items_per_sketch_match_the_per_request_rule(
     layout: AggregateLayout, seed: int
 ) -> None:
     """Every window's top-K sketch of a (bucket, variant) holds the top K items of the
-    requests whose deadline falls in the bucket; the catalogue, every item shown."""
+    requests whose deadline falls in the bucket, its users sketch their users; the
+    catalogue, every item shown."""
     done = _finalised(seed, layout)
     update = coverage_updates(done, layout, _key)
     expected: dict[str, set[int]] = defaultdict(set)
@@ -94,6 +95,7 @@ def test_coverage_items_per_sketch_match_the_per_request_rule(
             for k in layout.ks:
                 key = _key(window, start, request.variant, k)
                 expected[key] |= _hashed(list(request.items[:k]))
+            expected[_key(window, start, request.variant, USERS)] |= _hashed([request.user_id])
         expected[_key(longest, _start(longest, deadline, layout), "*", 0)] |= _hashed(
             list(request.items)
         )
