@@ -19,7 +19,6 @@ wait for the day's end, not the hour's).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -28,9 +27,6 @@ from evaluator.core.provisional import MATURITY
 from evaluator.core.regression import DAY_MS, SCALE, HistoryKey
 from evaluator.core.scoring import ScoringConfig, score_sparse
 
-if TYPE_CHECKING:
-    from evaluator.core.finalise import Attributed
-
 FloatArray = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 Curves = dict[tuple[str, int], FloatArray]
@@ -38,7 +34,7 @@ Curves = dict[tuple[str, int], FloatArray]
 
 
 def partial_ndcg(
-    attributed: Attributed,
+    attributed: tuple[I64, I64, FloatArray, I64],
     request_ms: I64,
     final: FloatArray,
     ages_ms: Sequence[int],
@@ -46,27 +42,25 @@ def partial_ndcg(
 ) -> tuple[FloatArray, npt.NDArray[np.bool_]]:
     """Per request, age and K, nDCG@K with the interactions of the request's first
     ``age`` only (shape ``(requests, ages, ks)``), and whether it was engaged by then
-    (``(requests, ages)``); ``final``: the requests' nDCG with every interaction."""
+    (``(requests, ages)``). ``attributed``: each attributed interaction's request row,
+    position, grade and time (:class:`~evaluator.core.finalise.Attributed`); ``final``:
+    the requests' nDCG with every interaction."""
+    row, position, grade, ms = attributed
     n = len(request_ms)
     out = np.repeat(final[:, None, :], len(ages_ms), axis=1)
     engaged = np.zeros((n, len(ages_ms)), dtype=bool)
-    relevant = attributed.grade > 0
-    delay = attributed.ms - request_ms[attributed.row]
+    relevant = grade > 0
+    delay = ms - request_ms[row]
     for a, age in enumerate(ages_ms):
         within = delay <= age
-        engaged[attributed.row[relevant & within], a] = True
-        changed = np.unique(attributed.row[relevant & ~within])
+        engaged[row[relevant & within], a] = True
+        changed = np.unique(row[relevant & ~within])
         if not changed.size:
             continue
-        keep = within & np.isin(attributed.row, changed)
-        rows = np.searchsorted(changed, attributed.row[keep])
+        keep = within & np.isin(row, changed)
+        rows = np.searchsorted(changed, row[keep])
         scores = score_sparse(
-            changed.size,
-            rows,
-            attributed.position[keep],
-            attributed.grade[keep],
-            scoring,
-            metrics=("ndcg",),
+            changed.size, rows, position[keep], grade[keep], scoring, metrics=("ndcg",)
         )
         out[changed, a] = scores.values["ndcg"]
     return out, engaged
