@@ -16,19 +16,37 @@ seconds of out-of-orderness after midnight, or while the interactions lag behind
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from evaluator.core.ab.cuped import DAY_MS, count_day, pre_exposure
 from evaluator.core.experiments import SEP, Experiment
 from evaluator.engine.records import UserState, encode
 
-if TYPE_CHECKING:
-    from evaluator.engine.partition import StepCounts
-    from evaluator.engine.state import PartitionState
-
 Covariates = dict[str, list[tuple[str, int]]]
 """Per ``experiment US variant``: (user, covariate) of the users exposed who have one."""
+
+
+class PartitionState(Protocol):
+    """What of a partition's state (:class:`evaluator.engine.state.PartitionState`,
+    which calls this module) the activity reads and writes."""
+
+    users: dict[str, UserState]
+    counted: set[str]
+    pending: list[tuple[int, str, str]]
+    pending_changed: bool
+    lookback_days: int
+
+    def expose(self, experiment: str, users: list[str]) -> list[bool]: ...
+
+
+class StepCounts(Protocol):
+    """What of a step's counters (:class:`evaluator.engine.partition.StepCounts`) an
+    exposure adds to."""
+
+    exposures: Counter[str]
+    covariates: Covariates
 
 
 def count(
