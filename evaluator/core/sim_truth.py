@@ -5,13 +5,11 @@ and, with a regression injected, the expected nDCG before and after its start)."
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
-if TYPE_CHECKING:
-    from evaluator.core.simulator import SimulationConfig
+from evaluator.core.sim_config import SimulationConfig
 
 FloatArray = npt.NDArray[np.float64]
 
