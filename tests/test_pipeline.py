@@ -118,37 +118,41 @@ def test_an_untagged_repartition_payload_is_counted_not_dropped() -> None:
 def test_a_failed_checkpoint_drops_its_partition_and_nothing_writes_it_later(
     tmp_path, make_store, write_behind: bool
 ) -> None:
-    """A checkpoint that raises has taken its changes already: the partition is dropped
-    (with the partitions whose writes came after it in the same poll, not attempted),
-    so a later flush (a clean stop) or revocation cannot write its offsets without
-    them; a new owner resumes from the last checkpoint and the results equal replay.
+    """A poll's checkpoints that raise have taken their changes already: their
+    partitions are dropped (any of the writes may or may not have landed), so a
+    later flush (a clean stop) or revocation cannot write their offsets without them;
+    a new owner resumes from the last checkpoint and the results equal replay.
     Written behind, the error surfaces at the next poll."""
     settings = load_settings(environ={}, overrides={"kafka": {"partitioner": "trust"}})
     store = make_store(settings.layout(PARTITIONS))
     events = generate(24)
-    original = store.checkpoint
+    original = store.checkpoint_many
     written: list[int] = []
+    failed: set[int] = set()
 
-    def failing(partition, *args, **kwargs):
-        written.append(partition)
-        if len(written) == 5:
+    def failing(writes):
+        """The first call after four writes: the writes before its last land, then the
+        store goes away."""
+        written.extend(w.partition for w in writes)
+        if not failed and len(written) > 4:
+            failed.update(w.partition for w in writes)
+            original(writes[:-1])
             raise ConnectionError("injected: the store went away")
-        return original(partition, *args, **kwargs)
+        return original(writes)
 
-    store.checkpoint = failing
+    store.checkpoint_many = failing
     tasks = tasks_on(store, settings, write_behind)
     with pytest.raises(ConnectionError):
         feed(tasks, events, 24)
-    failed = written[-1]
     lost = tasks.take_dropped()
-    assert failed in lost and not lost & set(tasks.owned)
+    assert lost == failed and len(lost) > 1 and not lost & set(tasks.owned)
     assert len(tasks.owned) == PARTITIONS - len(lost)
     before = {p: written.count(p) for p in lost}
     tasks.flush()
     tasks.revoke(range(PARTITIONS))
     assert {p: written.count(p) for p in lost} == before  # never again
-    assert tasks.owned == {} and len(lost) < PARTITIONS  # some were held to the end
-    store.checkpoint = original
+    assert tasks.owned == {}
+    store.checkpoint_many = original
     # a new owner of every partition consumes again from the stored offsets
     fresh = tasks_on(store, settings)
     feed(fresh, events, 24)
@@ -172,19 +176,20 @@ def test_offsets_committed_to_kafka_are_those_the_store_accepted(
 
     settings = load_settings(environ={}, overrides={"kafka": {"partitioner": "trust"}})
     store = make_store(settings.layout(PARTITIONS))
-    original = store.checkpoint
+    original = store.checkpoint_many
     accepted: dict[int, list[dict[str, int]]] = {p: [{}] for p in range(PARTITIONS)}
     refused: list[int] = []
 
-    def recording(partition, epoch, seq, delta):
-        outcome = original(partition, epoch, seq, delta)
-        if outcome is Outcome.WRITTEN:
-            accepted[partition].append(dict(delta.offsets))
-        else:
-            refused.append(partition)
-        return outcome
+    def recording(writes):
+        outcomes = original(writes)
+        for w, outcome in zip(writes, outcomes, strict=True):
+            if outcome is Outcome.WRITTEN:
+                accepted[w.partition].append(dict(w.delta.offsets))
+            else:
+                refused.append(w.partition)
+        return outcomes
 
-    store.checkpoint = recording
+    store.checkpoint_many = recording
     tasks = tasks_on(store, settings, write_behind)
     held = dict(tasks.owned)
     events = generate(25)

@@ -20,7 +20,7 @@ from evaluator.config.plain import engine_config
 from evaluator.core.decode import decode_impressions, decode_interactions
 from evaluator.core.finalise import FinaliseConfig, Finalised
 from evaluator.core.relevance import BUILTIN_PROFILES
-from evaluator.engine.checkpoint import Delta, Outcome
+from evaluator.engine.checkpoint import Delta, Outcome, PartitionWrite
 from evaluator.engine.commit_payload import USERS
 from evaluator.engine.partition import PartitionEngine, StepCounts
 from evaluator.engine.restore import restore_state
@@ -78,6 +78,13 @@ class Driver:
         )
 
     def write(self, done: list[Finalised], expect: Outcome = Outcome.WRITTEN) -> StepCounts:
+        delta, counts = self.take(done)
+        assert self.store.checkpoint(self.partition, self.epoch, self.seq, delta) is expect
+        self.seq += 1
+        return counts
+
+    def take(self, done: list[Finalised]) -> tuple[Delta, StepCounts]:
+        """The engine's checkpoint since the last one (not written)."""
         changes, counts = self.engine.take()
         delta = Delta(
             changes,
@@ -90,9 +97,7 @@ class Driver:
             done,
             exposures=dict(counts.exposures),
         )
-        assert self.store.checkpoint(self.partition, self.epoch, self.seq, delta) is expect
-        self.seq += 1
-        return counts
+        return delta, counts
 
     def ingest(self, imps, ints, late_before: int | None = None) -> StepCounts:
         """Store events; ``late_before``: request-less interactions older than this are
@@ -166,6 +171,40 @@ def test_checkpoints_round_trip_and_fence_stale_owners(make_store) -> None:
     )
     assert store.open_requests(0) == (5, 0)
     assert store.frontier() == 76  # the readout follows the furthest partition
+
+
+def test_a_polls_checkpoints_are_written_together_each_fenced_on_its_own(make_store) -> None:
+    """``checkpoint_many``: each partition's write is judged alone (written, fenced by a
+    newer owner, stale), and the coverage sketches of the written ones hold the union
+    of their items (two partitions touch the same sketch: both count, once each). (A
+    refused write's sketch part may land, as Redis writes sketches before the
+    checkpoints: harmless, since the owner that finalises those requests again adds
+    the same items; here they are items of the written lists.)"""
+    store = make_store(SETTINGS.layout())
+    lists = {0: ["a", "b", "c"], 1: ["a"], 2: ["d"], 3: ["c", "d"]}
+    owners = {p: Driver(store, partition=p) for p in lists}
+    for p, items in lists.items():
+        owners[p].ingest(impressions((f"r{p}", f"u{p}", 1_000, items)), interactions())
+    writes = []
+    for p, owner in owners.items():
+        owner.reload()
+        owner.engine.watermark_ms = CONFIG.deadline(1_000)
+        delta, _ = owner.take(owner.engine.finalise_due())
+        assert finalised(delta.finalised) == 1
+        writes.append(PartitionWrite(p, owner.epoch, owner.seq, delta))
+    store.claim(1)  # a newer owner of partition 1: its write is fenced
+    writes[2] = dataclasses.replace(writes[2], seq=writes[2].seq + 1)  # not its last write
+    outcomes = store.checkpoint_many(writes)
+    assert outcomes == [Outcome.WRITTEN, Outcome.FENCED, Outcome.STALE, Outcome.WRITTEN]
+    assert store.counters()["finalised"] == 2
+    assert store.open_requests(0)[0] == 2  # partitions 1 and 2 still hold theirs
+    window = max(SETTINGS.layout().windows_ms)
+    start = int(SETTINGS.layout().bucket_start(window, np.array([CONFIG.deadline(1_000)]))[0])
+    counts, catalog = store.distinct_items(window, [start], ["A"])
+    assert counts[("A", 10)] == pytest.approx(4, abs=0.5)  # a b c d, each once
+    assert 1.5 < counts[("A", USERS)] < 4.5  # u0 and u3 (u1, u2 maybe: see above)
+    assert catalog == pytest.approx(4, abs=0.5)
+    assert store.checkpoint_many([]) == []
 
 
 def test_ingest_is_idempotent_and_counts_duplicates(make_store) -> None:
@@ -666,9 +705,9 @@ def test_redis_coverage_survives_a_failure_between_sketches_and_checkpoint(
     add = store._sketches.add
     calls: list[int] = []
 
-    def failing_after(finalised, receipt) -> bool:
-        calls.append(sum(len(done.requests) for done in finalised))
-        wrote = add(finalised, receipt)
+    def failing_after(parts) -> list[bool]:
+        calls.append(sum(len(done.requests) for finalised, _ in parts for done in finalised))
+        wrote = add(parts)
         if len(calls) == 1:
             raise RedisConnectionError("injected: Redis went away")
         return wrote
@@ -703,8 +742,8 @@ def test_redis_refuses_a_checkpoint_whose_sketch_writes_a_restart_lost(tmp_path)
         earlier = server.snapshot()
         add = store._sketches.add
 
-        def restarted_after(finalised, receipt) -> bool:
-            wrote = add(finalised, receipt)  # ... these writes are not
+        def restarted_after(parts) -> list[bool]:
+            wrote = add(parts)  # ... these writes are not
             server.kill()
             server.restore(earlier)
             server.start()

@@ -24,7 +24,7 @@ from evaluator.core.propensity.estimation import (
 )
 from evaluator.core.regression import HistoryKey
 from evaluator.core.windows import AggregateLayout, expand_shards
-from evaluator.engine.checkpoint import Checkpoint, Delta, Marks, Outcome
+from evaluator.engine.checkpoint import Checkpoint, Delta, Marks, Outcome, PartitionWrite
 from evaluator.engine.commit_payload import (
     USERS,
     covariate_increments,
@@ -130,6 +130,9 @@ class MemoryStore:
                 dict(part.times),
                 part.watermark_ms,
             )
+
+    def checkpoint_many(self, writes: Sequence[PartitionWrite]) -> list[Outcome]:
+        return [self.checkpoint(w.partition, w.epoch, w.seq, w.delta) for w in writes]
 
     def checkpoint(self, partition: int, epoch: int, seq: int, delta: Delta) -> Outcome:
         with self._lock:

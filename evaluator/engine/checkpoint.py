@@ -68,6 +68,17 @@ class Outcome(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class PartitionWrite:
+    """One partition's checkpoint as handed to the store: who writes it (the owner's
+    epoch), where it follows (the owner's ``seq``-th write) and what it holds."""
+
+    partition: int
+    epoch: int
+    seq: int
+    delta: Delta
+
+
+@dataclass(frozen=True, slots=True)
 class Marks:
     """What a partition tells the others: its own watermark and when it last forwarded."""
 

@@ -22,7 +22,7 @@ import numpy.typing as npt
 from evaluator.core.regression import HistoryKey
 from evaluator.core.windows import AggregateLayout
 from evaluator.engine.batches import PartitionBatch, Rejected
-from evaluator.engine.checkpoint import Checkpoint, Delta, Marks, Outcome
+from evaluator.engine.checkpoint import Checkpoint, Delta, Marks, Outcome, PartitionWrite
 from evaluator.engine.routing import Forwarded
 
 FloatArray = npt.NDArray[np.float64]
@@ -46,6 +46,13 @@ class StateStore(Protocol):
         """Write one batch's delta atomically, only if ``epoch`` still owns the
         partition and the stored copy is the one written by its ``seq``-th checkpoint
         (see :class:`~evaluator.engine.checkpoint.Outcome`)."""
+        ...
+
+    def checkpoint_many(self, writes: Sequence[PartitionWrite]) -> list[Outcome]:
+        """:meth:`checkpoint` of several partitions (a poll's), each atomic and fenced on
+        its own, in as few exchanges with the store as it allows; each one's outcome,
+        in order. Raises what the store raised: then any of them may or may not have
+        been applied (each write is whole or absent)."""
         ...
 
     def frontier(self) -> int | None:

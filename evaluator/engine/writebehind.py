@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from evaluator.engine.checkpoint import Delta, Outcome
+from evaluator.engine.checkpoint import Delta, Outcome, PartitionWrite
 from evaluator.engine.owned import Owned
 from evaluator.engine.partition import StepCounts
 from evaluator.engine.ports import StateStore
@@ -43,19 +43,23 @@ class Written:
     outcomes: list[tuple[Write, Outcome]] = field(default_factory=list)
     error: Exception | None = None
     failed: list[Write] = field(default_factory=list)
-    """The write that raised and those after it (not attempted)."""
+    """The writes of a call that raised (each may or may not have landed)."""
 
 
 def write_all(store: StateStore, writes: list[Write]) -> Written:
-    """Write checkpoints in order, stopping at the first that raises."""
+    """Write a poll's checkpoints in as few exchanges as the store allows; when it
+    raises, every one of them counts as failed (each may or may not have landed)."""
     written = Written()
-    for n, w in enumerate(writes):
-        try:
-            outcome = store.checkpoint(w.partition, w.owned.epoch, w.seq, w.delta)
-        except Exception as exc:
-            written.error, written.failed = exc, writes[n:]
-            break
-        written.outcomes.append((w, outcome))
+    if not writes:
+        return written
+    try:
+        outcomes = store.checkpoint_many(
+            [PartitionWrite(w.partition, w.owned.epoch, w.seq, w.delta) for w in writes]
+        )
+    except Exception as exc:
+        written.error, written.failed = exc, list(writes)
+        return written
+    written.outcomes = list(zip(writes, outcomes, strict=True))
     return written
 
 

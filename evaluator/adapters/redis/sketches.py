@@ -29,6 +29,8 @@ SKETCH_TAG = "hcov"
 """Hash tag of the coverage sketches. Versions that PFADDed items (Redis' own hash) used
 ``cov``: new names, so no sketch mixes two hashes (an item would count twice), also
 while two versions run side by side during a rolling upgrade."""
+Receipt = tuple[str, str, str]
+"""Where a partition's checkpoint finds that its sketch writes landed: (key, field, value)."""
 TEMPORARY_MS = 60_000
 """Lifetime of a temporary sketch, should its deletion not run."""
 
@@ -95,18 +97,19 @@ class CoverageSketches:
     def key(self, window: int, start: int, variant: str, k: int) -> str:
         return f"{{{self.prefix}:{SKETCH_TAG}}}:{window}:{start}:{variant}:{k}"
 
-    def add(self, finalised: Sequence[Finalised], receipt: tuple[str, str, str]) -> bool:
-        """Each touched sketch's part of the batches, built in the process (every
-        batch's shown items hashed once, unions as register maxima), merged into the
-        stored sketch with one ``PFMERGE``: idempotent, so a retry after a partial
-        failure is harmless and no script is needed.
+    def add(self, parts: Sequence[tuple[Sequence[Finalised], Receipt]]) -> list[bool]:
+        """Write the coverage of several partitions' finalised batches (a poll's
+        checkpoints): each touched sketch's part built in the process (every batch's
+        shown items hashed once, unions as register maxima, over all the partitions),
+        merged into the stored sketch with one ``PFMERGE``: idempotent, so a retry
+        after a partial failure is harmless and no script is needed.
 
-        ``receipt`` (key, field, value) is set last, in the writer's partition: the
-        checkpoint that follows requires it, so a checkpoint is never applied without
-        its sketch writes (Redis restarted between the two from an AOF without the
-        sketches: the checkpoint is refused as stale, and the reloaded owner finalises
-        those requests again). Returns whether anything was written (no receipt
-        otherwise)."""
+        Each partition's ``receipt`` (key, field, value) is set last, in the writer's
+        partition: the checkpoint that follows requires it, so a checkpoint is never
+        applied without its sketch writes (Redis restarted between the two from an
+        AOF without the sketches: the checkpoint is refused as stale, and the reloaded
+        owner finalises those requests again). Returns, per partition, whether its
+        receipt was set (none when it added to no sketch)."""
         built: dict[str, npt.NDArray[np.uint8]] = {}
         lifetime: dict[str, int] = {}
 
@@ -115,6 +118,32 @@ class CoverageSketches:
             lifetime[name] = block_ttl_s(window)
             return name
 
+        touched = [self._build(finalised, named, built) for finalised, _ in parts]
+        written = [(key, registers) for key, registers in built.items() if registers.any()]
+        if not written:
+            return [False] * len(parts)
+        pipe = self.client.pipeline(transaction=False)
+        for n, (key, registers) in enumerate(written):
+            temporary = f"{{{self.prefix}:{SKETCH_TAG}}}:new:{self._token}:{n}"
+            pipe.set(temporary, dense_encoding(registers), px=TEMPORARY_MS)
+            same_slot(pipe, "PFMERGE", [key, temporary])
+            pipe.delete(temporary)
+            pipe.expire(key, lifetime.get(key, self.ttl_s))
+        for mine, (_, (key, field, value)) in zip(touched, parts, strict=True):
+            if mine:
+                pipe.hset(key, field, value)
+        self._execute(pipe)
+        return touched
+
+    def _build(
+        self,
+        finalised: Sequence[Finalised],
+        named: Callable[[int, int, str, int], str],
+        built: dict[str, npt.NDArray[np.uint8]],
+    ) -> bool:
+        """Add one partition's batches to the registers ``built`` per sketch; whether it
+        set any register."""
+        touched = False
         for done in finalised:
             update = coverage_updates(done, self.layout, named)
             index, rank = register_ranks(update.hashes)
@@ -125,24 +154,12 @@ class CoverageSketches:
                     np.maximum(registers, mine[other], out=registers)
                 mine[key] = registers
             for key, registers in mine.items():
+                touched = touched or bool(registers.any())
                 if key in built:
                     np.maximum(built[key], registers, out=built[key])
                 else:
                     built[key] = registers
-        written = [(key, registers) for key, registers in built.items() if registers.any()]
-        if not written:
-            return False
-        pipe = self.client.pipeline(transaction=False)
-        for n, (key, registers) in enumerate(written):
-            temporary = f"{{{self.prefix}:{SKETCH_TAG}}}:new:{self._token}:{n}"
-            pipe.set(temporary, dense_encoding(registers), px=TEMPORARY_MS)
-            same_slot(pipe, "PFMERGE", [key, temporary])
-            pipe.delete(temporary)
-            pipe.expire(key, lifetime.get(key, self.ttl_s))
-        key, field, value = receipt
-        pipe.hset(key, field, value)
-        self._execute(pipe)
-        return True
+        return touched
 
     def distinct_items(
         self, window_ms: int, bucket_starts: Sequence[int], variants: Sequence[str]

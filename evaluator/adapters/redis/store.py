@@ -47,7 +47,7 @@ from evaluator.core.windows import (
     resume,
     stored_block,
 )
-from evaluator.engine.checkpoint import Checkpoint, Delta, Marks, Outcome
+from evaluator.engine.checkpoint import Checkpoint, Delta, Marks, Outcome, PartitionWrite
 from evaluator.engine.ports import FloatArray
 
 __all__ = ["LayoutMismatchError", "RedisStore", "connect"]
@@ -199,26 +199,44 @@ class RedisStore:
         )
 
     def checkpoint(self, partition: int, epoch: int, seq: int, delta: Delta) -> Outcome:
-        tag = self.tag(partition)
+        return self.checkpoint_many([PartitionWrite(partition, epoch, seq, delta)])[0]
+
+    def checkpoint_many(self, writes: Sequence[PartitionWrite]) -> list[Outcome]:
+        """Two exchanges for a poll's checkpoints, whatever their number: the coverage
+        sketches of all of them (a sketch that several partitions touched is merged
+        once) with each partition's receipt, then one script call per partition."""
+        if not writes:
+            return []
         # sketches: a retry or a fenced write adds nothing twice; their receipt must
         # still be there when the checkpoint runs (not lost with them to a restart)
-        receipt = f"{epoch}:{seq}"
-        if not self._sketches.add(delta.finalised, (tag + "pm", "sk", receipt)):
-            receipt = ""
-        args = checkpoint_args(delta, self.layout)
+        receipts = [(self.tag(w.partition) + "pm", "sk", f"{w.epoch}:{w.seq}") for w in writes]
+        touched = self._sketches.add(
+            [(w.delta.finalised, receipt) for w, receipt in zip(writes, receipts, strict=True)]
+        )
         pipe = self.client.pipeline(transaction=False)
+        for w, receipt, mine in zip(writes, receipts, touched, strict=True):
+            self._queue_checkpoint(pipe, w, receipt[2] if mine else "")
+        replies = [int(reply) for reply in self._execute(pipe)]
+        return [
+            Outcome.WRITTEN if r == 1 else Outcome.FENCED if r == 0 else Outcome.STALE
+            for r in replies
+        ]
+
+    def _queue_checkpoint(self, pipe: Any, write: PartitionWrite, receipt: str) -> None:
+        tag = self.tag(write.partition)
+        args = checkpoint_args(write.delta, self.layout)
         self._call(
             pipe,
             "checkpoint",
             tag + "pm",
             [
                 tag,
-                epoch,
+                write.epoch,
                 args.payload,
                 int(np.prod(self.layout.block_shape)),
                 args.increments,
                 self.propensity_history_ms,
-                seq,
+                write.seq,
                 args.lengths,
                 args.cumulative,
                 receipt,
@@ -230,8 +248,6 @@ class RedisStore:
                 self.layout.history_keep_ms,
             ],
         )
-        reply = int(self._execute(pipe)[0])
-        return Outcome.WRITTEN if reply == 1 else Outcome.FENCED if reply == 0 else Outcome.STALE
 
     def _partition_meta(self) -> list[dict[str, str]]:
         pipe = self.client.pipeline(transaction=False)
