@@ -213,6 +213,8 @@ def evaluator_rate(
     are ``name``-``client``."""
     topics, name = name, f"{name}-{client}"
     env = {
+        # settings under test from this environment (EVALUATOR_REGRESSION__PROVISIONAL_AGE=0 ...)
+        **{k: v for k, v in os.environ.items() if k.startswith("EVALUATOR_")},
         "EVALUATOR_PROPENSITY__ESTIMATOR": ESTIMATOR,
         "EVALUATOR_JOIN__ATTRIBUTION_WINDOW": ATTRIBUTION_WINDOW,
         "EVALUATOR_HTTP__PORT": "0",  # not measured; and a leftover process cannot block it

@@ -40,17 +40,21 @@ def due_contexts(
 
 
 def loose_join(
-    state: PartitionState, codes: dict[str, int]
+    state: PartitionState, codes: dict[str, int], spans: dict[str, tuple[int, int]] | None = None
 ) -> tuple[LooseJoin | None, list[tuple[str, PendingInteraction]]]:
     """For the users of ``codes`` (user id -> code) with loose interactions: their open
     impressions and those interactions, as the user-based join takes them, and each
-    interaction's user id (None: no such user)."""
+    interaction's user id (None: no such user). ``spans``: per user, the interaction
+    times that matter (the others are left out, and a user without any too)."""
     loose: list[PendingInteraction] = []
     loose_user: list[int] = []
     loose_of: list[tuple[str, PendingInteraction]] = []
     users = state.users
     for uid in [uid for uid in codes if (u := users.get(uid)) is not None and u.loose]:
         waiting = sorted(users[uid].loose.values())  # the user has open requests
+        if spans is not None:
+            lo, hi = spans[uid]
+            waiting = [it for it in waiting if lo <= it.timestamp_ms <= hi]
         loose += waiting
         loose_user += [codes[uid]] * len(waiting)
         loose_of += [(uid, it) for it in waiting]

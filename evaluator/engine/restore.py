@@ -63,6 +63,8 @@ def restore_state(
             _load_user(state, kind, key, _decode(raw))
         elif kind == "p":
             state.pending = [(t, k, u) for t, k, u in _decode(raw)]
+        elif kind == "q":
+            state.scored_ms = _decode(raw)
         elif kind == "f":
             fielded.append((key, _decode(raw)))
         elif kind in "ve":

@@ -7,7 +7,7 @@ history), each user's first exposure per experiment, and markers of what was
 finalised or counted late (so a redelivery is a duplicate, not new). Pure: no I/O.
 
 Every change is recorded as a field of the partition's changelog
-(``t:<n>``, ``c:<n>``, ``w:``, ``j:<n>``, ``g:<n>``, ``m:``, ``k:``,
+(``t:<n>``, ``c:<n>``, ``w:``, ``q:``, ``j:<n>``, ``g:<n>``, ``m:``, ``k:``,
 ``i:<event>``, ``l:<event>``, ``h:<user>``, ``a:<user>``, ``u:<user>``, ``x:<event>``,
 ``v:<n>``), with the field's new encoded value or ``None`` for a
 deletion. A store keeps those fields as one hash per partition: the hash *is* the
@@ -125,6 +125,10 @@ class PartitionState:
     state written before the field, judged with :attr:`delay_ms`). A new owner judges
     a segment's row final by it, so a change of the deadline settings between owners
     (``allowed_lateness``, the attribution window, the skew) loses no open request."""
+    scored_ms: int | None = None
+    """Every open request of impression time at or before this was scored at its
+    provisional age (field ``q:``; None: a state written before the field, whose
+    provisional pass followed :attr:`finalised_ms`)."""
     counted: set[str] = field(default_factory=set)
     """Users whose activity changed since the last flush (``u:`` fields)."""
     pending: list[tuple[int, str, str]] = field(default_factory=list)
@@ -274,6 +278,12 @@ class PartitionState:
                     fielded.discard(eid)
                     self.delete("i:" + eid)
         self.markers.add(rids, deadlines_ms, applied)
+
+    def scored_through(self, through_ms: int) -> None:
+        """Record that every open request of impression time up to ``through_ms`` was
+        scored provisionally (written with the increments it produced)."""
+        self.scored_ms = through_ms
+        self.changes["q:"] = _encode(through_ms)
 
     def finalised_through(self, watermark_ms: int) -> None:
         """Record that every request due at ``watermark_ms`` is finalised, and delete the
