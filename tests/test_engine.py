@@ -863,8 +863,8 @@ def test_an_active_users_history_outlives_its_ttl() -> None:
     state = PartitionState(history_cap=3)
     changelog: dict[str, bytes] = {}
     for d in range(34):
-        state.add_history("active", f"a{d}", t0 + d * day)
-    state.add_history("quiet", "q0", t0)
+        state.add_histories([("active", f"a{d}", t0 + d * day)])
+    state.add_histories([("quiet", "q0", t0)])
     apply_changes(changelog, state.flush())
     state.drop_history_before(t0 + 33 * day - 30 * day)
     apply_changes(changelog, state.flush())

@@ -126,9 +126,8 @@ class PartitionState:
     a segment's row final by it, so a change of the deadline settings between owners
     (``allowed_lateness``, the attribution window, the skew) loses no open request."""
     scored_ms: int | None = None
-    """Every open request of impression time at or before this was scored at its
-    provisional age (field ``q:``; None: a state written before the field, whose
-    provisional pass followed :attr:`finalised_ms`)."""
+    """Open requests shown up to this were scored at their provisional age (``q:``;
+    None: state from before the field, see :mod:`evaluator.engine.early`)."""
     counted: set[str] = field(default_factory=set)
     """Users whose activity changed since the last flush (``u:`` fields)."""
     pending: list[tuple[int, str, str]] = field(default_factory=list)
@@ -196,14 +195,10 @@ class PartitionState:
         heapq.heappush(self.loose_expiry, (it.timestamp_ms, 2, user_id + "\x1f" + it.event_id))
         self.create("l:" + it.event_id, _encode((user_id, it.item_id, it.timestamp_ms, it.grade)))
 
-    def add_history(self, user_id: str, event_id: str, timestamp_ms: int) -> None:
-        """Keep the user's earliest ``history_cap`` relevant interactions (none with a cap
-        of 0: every user is established)."""
-        self.add_histories([(user_id, event_id, timestamp_ms)])
-
     def add_histories(self, relevant: Sequence[tuple[str, str, int]]) -> None:
-        """:meth:`add_history` of a batch's relevant interactions (user, event, time), in
-        order: each user's changed history is encoded once; their activity is counted."""
+        """Keep each user's earliest ``history_cap`` relevant interactions (none with a cap
+        of 0: every user is established), of a batch's (user, event, time) in order: each
+        user's changed history is encoded once; their activity is counted."""
         if self.lookback_days:
             activity.count(self.users, self.counted, relevant)
         cap = self.history_cap
