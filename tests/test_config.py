@@ -300,6 +300,8 @@ def test_a_toml_date_time_is_an_instant(tmp_path) -> None:
             "sasl_mechanism must be one of",
         ),
         ({"EVALUATOR_KAFKA__SASL_MECHANISM": "PLAIN"}, "needs security_protocol"),
+        ({"EVALUATOR_KAFKA__FETCH_MIN_BYTES": "0"}, "kafka: fetch_min_bytes"),
+        ({"EVALUATOR_KAFKA__FETCH_MAX_WAIT": "1m"}, "kafka: fetch_max_wait"),
     ],
 )
 def test_kafka_settings_that_can_never_connect_stop_start_up(env, needle) -> None:

@@ -16,7 +16,7 @@ from evaluator.config import ConfigError, load_settings
 from evaluator.core.events import InvalidEvent, InvalidReason
 from evaluator.engine.batches import PartitionBatch, Rejected
 from evaluator.engine.routing import Forwarded
-from tests.live import LiveEnv, new_env
+from tests.live import LiveEnv, new_env, produce_paced
 
 pytestmark = pytest.mark.services
 
@@ -117,6 +117,47 @@ def test_batches_resume_at_the_claimed_offsets_and_commit(kafka_bootstrap, redis
         env.produce("impressions", [("u", b"late")])
         assert sum(len(b.payloads) for b in source.poll() + source.poll()) == 0  # paused
         source.seek({0: {"impressions": 4}})  # a reload after a failed batch
+    finally:
+        source.close()
+
+
+@pytest.mark.parametrize("min_bytes", [10_000_000, 1])
+def test_the_broker_holds_a_fetch_until_fetch_min_bytes_or_fetch_max_wait(
+    kafka_bootstrap, redis_url, client, min_bytes
+) -> None:
+    """Events trickling in come in a few large batches, not one poll each, when the
+    broker holds fetches (``kafka.fetch_min_bytes``): a consumer keeping up with live
+    traffic pays its per-batch costs over many events. 40 events over a second,
+    fetches held up to 3 s: at most 2 batches (one hold may end mid-way); answered
+    at once (``fetch_min_bytes = 1``), several."""
+    env = new_env(kafka_bootstrap, redis_url, partitions=1)
+    source = source_for(
+        env,
+        client,
+        claim=lambda numbers: {n: {} for n in numbers},
+        partitioner="trust",
+        fetch_min_bytes=min_bytes,
+        fetch_max_wait="3s",
+    )
+    try:
+        source.subscribe()
+        assigned(source)
+        env.produce("impressions", [("u", b"first")])  # fetching has begun once it is in
+        poll_until(source, lambda b: sum(len(x.payloads) for x in b) >= 1)
+        events = [("impressions", {"user_id": "u", "n": n}) for n in range(40)]
+        producer = produce_paced(env, events, rate=40.0)
+
+        def paced(batch: PartitionBatch) -> int:
+            return sum(p != b"first" for p in batch.payloads)  # "first" may come again
+
+        got = poll_until(source, lambda b: sum(map(paced, b)) >= 40)
+        producer.join()
+        batches = [n for n in map(paced, got) if n]
+        assert sum(batches) == 40
+        if min_bytes > 1:
+            assert len(batches) <= 2, batches
+        else:
+            assert len(batches) > 2, batches
     finally:
         source.close()
 

@@ -61,6 +61,8 @@ class ConfluentSource(KafkaSourceBase):
                     "enable.auto.offset.store": False,
                     "auto.offset.reset": settings.auto_offset_reset,
                     "session.timeout.ms": session_ms,
+                    "fetch.min.bytes": settings.fetch_min_bytes,
+                    "fetch.wait.max.ms": parse_duration_ms(settings.fetch_max_wait),
                     "heartbeat.interval.ms": max(1000, session_ms // 10),
                     # per topic, the same partition numbers to the same member: a member
                     # owns whole partitions (a user's events of both kinds)

@@ -74,6 +74,8 @@ class KafkaSource(KafkaSourceBase):
                 enable_auto_commit=False,
                 auto_offset_reset=settings.auto_offset_reset,
                 max_poll_records=settings.max_poll_records,
+                fetch_min_bytes=settings.fetch_min_bytes,
+                fetch_max_wait_ms=parse_duration_ms(settings.fetch_max_wait),
                 session_timeout_ms=parse_duration_ms(settings.session_timeout),
                 heartbeat_interval_ms=max(1000, parse_duration_ms(settings.session_timeout) // 10),
                 # per topic, the same partition numbers to the same member: co-partitioned
