@@ -2,6 +2,7 @@
 
     make services && eval "$(python3 scripts/services.py env)"
     .venv/bin/python bench/bench_steady.py [--rate 3000] [--seconds 40] [--repeats 3]
+        [--client kafka-python|confluent]
 
 ``bench_run.py`` measures a backlog: each poll brings thousands of events, so the
 costs paid once per batch (a chunk of columns, its indexes, a finalisation, a
@@ -75,7 +76,13 @@ def wait_for(condition: object, timeout_s: float, what: str) -> None:
 
 
 def measure(
-    bootstrap: str, redis_url: str, stream: list[tuple[str, bytes, bytes]], rate: float, log: Path
+    bootstrap: str,
+    redis_url: str,
+    stream: list[tuple[str, bytes, bytes]],
+    rate: float,
+    log: Path,
+    *,
+    client_name: str,
 ) -> Steady:
     name = f"steady-{uuid.uuid4().hex[:6]}"
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
@@ -86,6 +93,7 @@ def measure(
         "EVALUATOR_JOIN__ATTRIBUTION_WINDOW": "5m",
         "EVALUATOR_HTTP__PORT": "0",
         **evaluator_env(bootstrap, redis_url, name, name),
+        "EVALUATOR_KAFKA__CLIENT": client_name,
     }
     producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks=1)
     client = redis.Redis.from_url(redis_url)
@@ -137,6 +145,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=3000.0, help="events/s of wall time")
     parser.add_argument("--seconds", type=float, default=40.0)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--client", default="kafka-python", choices=["kafka-python", "confluent"])
     args = parser.parse_args()
     bootstrap = os.environ["KAFKA_BOOTSTRAP_SERVERS"]
     redis_url = os.environ["REDIS_URL"]
@@ -145,7 +154,8 @@ def main() -> None:
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
-            got = measure(bootstrap, redis_url, stream, args.rate, Path(tmp) / f"{i}.log")
+            log = Path(tmp) / f"{i}.log"
+            got = measure(bootstrap, redis_url, stream, args.rate, log, client_name=args.client)
             runs.append(got)
             print(
                 f"  run {i + 1}: evaluator {got.cpu_us:.1f} CPU µs/event, Redis "
@@ -153,7 +163,10 @@ def main() -> None:
                 f"last commit {got.lag_s:.1f} s after the last event"
             )
     print(f"machine: {machine()}")
-    print(f"{len(stream):,} events at {args.rate:,.0f} events/s, medians of {args.repeats}")
+    print(
+        f"{len(stream):,} events at {args.rate:,.0f} events/s, {args.client}, "
+        f"medians of {args.repeats}"
+    )
     print(
         f"  evaluator {statistics.median(r.cpu_us for r in runs):.1f} CPU µs/event, Redis "
         f"{statistics.median(r.redis_cpu_us for r in runs):.1f}, idle "

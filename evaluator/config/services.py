@@ -37,7 +37,7 @@ class KafkaSettings(msgspec.Struct, forbid_unknown_fields=True):
     """The broker answers a fetch once it holds this many bytes for the consumer, or
     after ``fetch_max_wait`` (Kafka's ``fetch.min.bytes``, whose default of 1 answers at
     once): a consumer that keeps up with live traffic then gets half a second of it a
-    batch, not tens of events, and its cost per event falls about threefold
+    batch, not tens of events, and its cost per event falls 3.4 times with kafka-python
     (``bench/bench_steady.py``)."""
     fetch_max_wait: str | int = "500ms"
     """How long the broker may hold a fetch for ``fetch_min_bytes`` (``fetch.max.wait.ms``;
