@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -28,11 +27,9 @@ from pathlib import Path
 import redis
 from _common import machine
 from bench_partition import impressions
-from bench_run import committed, drop_prefix, evaluator_env, produce
+from bench_run import committed, drop_prefix, evaluator_env, produce, start_evaluator
 from kafka.admin import KafkaAdminClient
 from kafka.errors import KafkaError
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def rss_bytes(pid: int) -> int:
@@ -75,13 +72,7 @@ def main() -> None:
     client = redis.Redis.from_url(url)
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     with tempfile.TemporaryDirectory() as tmp, open(Path(tmp) / "run.log", "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "evaluator", "run"],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-        )
+        proc = start_evaluator(env, log)
         try:
             wait_committed(admin, f"{name}-eval", len(warm), proc)
             rss0, redis0 = rss_bytes(proc.pid), client.info("memory")["used_memory"]

@@ -32,7 +32,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import NamedTuple
+from typing import IO, NamedTuple
 
 import redis
 from _common import machine, synthetic_events
@@ -206,6 +206,17 @@ def evaluator_env(bootstrap: str, redis_url: str, topics: str, name: str) -> dic
     }
 
 
+def start_evaluator(env: dict[str, str], out: IO[bytes]) -> subprocess.Popen[bytes]:
+    """``python -m evaluator run`` of this checkout with ``env``, its output to ``out``."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "evaluator", "run"],
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
+
+
 def evaluator_rate(
     bootstrap: str, redis_url: str, name: str, total: int, log: Path, *, client: str
 ) -> Measured:
@@ -222,13 +233,7 @@ def evaluator_rate(
         "EVALUATOR_KAFKA__CLIENT": client,
     }
     with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "evaluator", "run"],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-        )
+        proc = start_evaluator(env, out)
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     client = redis.Redis.from_url(redis_url)
     counters = [f"{{{name}:{shard}}}:c" for shard in range(SHARDS)]

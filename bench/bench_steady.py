@@ -22,24 +22,23 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
 import redis
 from _common import machine
 from bench_run import (
-    ROOT,
     committed,
     drop_prefix,
     evaluator_env,
     events,
     process_cpu_s,
     redis_cpu_s,
+    start_evaluator,
 )
 from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
@@ -67,9 +66,9 @@ def in_time_order(imps: list[bytes], ints: list[bytes]) -> list[tuple[str, bytes
     return [(kind, e["user_id"].encode(), p) for e, kind, p in decoded]
 
 
-def wait_for(condition: object, timeout_s: float, what: str) -> None:
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
-    while not condition():  # type: ignore[operator]
+    while not condition():
         if time.monotonic() > deadline:
             raise SystemExit(f"timed out waiting for {what}")
         time.sleep(0.05)
@@ -98,13 +97,7 @@ def measure(
     producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks=1)
     client = redis.Redis.from_url(redis_url)
     with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "evaluator", "run"],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-        )
+        proc = start_evaluator(env, out)
     try:
         # owned once it has checkpointed its partitions' claims
         wait_for(lambda: len(client.keys(f"{{{name}:*}}:pm")) == 4, 120, "the assignment")

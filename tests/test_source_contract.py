@@ -34,6 +34,13 @@ def source_for(env: LiveEnv, client: str, claim=None, **kafka):
     )
 
 
+def unclaimed_source(env: LiveEnv, client: str, **kafka):
+    """A source of trusted keys whose claims find nothing checkpointed."""
+    return source_for(
+        env, client, claim=lambda numbers: {n: {} for n in numbers}, partitioner="trust", **kafka
+    )
+
+
 def poll_until(source, done: Callable[[list[PartitionBatch]], bool], timeout: float = 30):
     """Poll, collecting batches, until ``done(collected)`` or the timeout."""
     got: list[PartitionBatch] = []
@@ -131,14 +138,7 @@ def test_the_broker_holds_a_fetch_until_fetch_min_bytes_or_fetch_max_wait(
     fetches held up to 3 s: at most 2 batches (one hold may end mid-way); answered
     at once (``fetch_min_bytes = 1``), several."""
     env = new_env(kafka_bootstrap, redis_url, partitions=1)
-    source = source_for(
-        env,
-        client,
-        claim=lambda numbers: {n: {} for n in numbers},
-        partitioner="trust",
-        fetch_min_bytes=min_bytes,
-        fetch_max_wait="3s",
-    )
+    source = unclaimed_source(env, client, fetch_min_bytes=min_bytes, fetch_max_wait="3s")
     try:
         source.subscribe()
         assigned(source)
@@ -166,13 +166,7 @@ def test_with_latest_a_reload_reads_again_what_no_checkpoint_covers(
     kafka_bootstrap, redis_url, client
 ) -> None:
     env = new_env(kafka_bootstrap, redis_url, partitions=1)
-    source = source_for(
-        env,
-        client,
-        claim=lambda numbers: {n: {} for n in numbers},
-        auto_offset_reset="latest",
-        partitioner="trust",
-    )
+    source = unclaimed_source(env, client, auto_offset_reset="latest")
     try:
         source.subscribe()
         assigned(source)
