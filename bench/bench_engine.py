@@ -22,7 +22,10 @@ checkpoint's encoding and client calls. Reported: CPU µs per event in this proc
 stage (:data:`TIMED`) and with ``--profile`` where the time goes under cProfile. This
 is the figure issue 33 asks to bring under 8 µs; kafka-python's own
 record parsing (~4.5 µs per event, ``bench_run.py``'s raw consumer) comes on top in
-``evaluator run``.
+``evaluator run``. Beside it, in the same run, ``evaluator replay``'s CPU per event on
+the same events (written as JSON Lines, the same settings; both of its processes,
+files read and report built included): the whole-file batch path the engine's
+figure is set against.
 """
 
 from __future__ import annotations
@@ -31,18 +34,24 @@ import argparse
 import cProfile
 import os
 import pstats
+import resource
 import statistics
+import tempfile
 import time
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 
 import msgspec
+import numpy as np
 from _common import T0, machine, synthetic_events
 
 from evaluator.adapters.memory import MemoryStore
+from evaluator.app.replay import evaluate_files
 from evaluator.config import load_settings
 from evaluator.config.plain import tasks_config
 from evaluator.engine.batches import PartitionBatch
+from evaluator.engine.markers import Markers
 from evaluator.engine.partitioner import murmur2_partitions
 from evaluator.engine.ports import StateStore
 from evaluator.engine.runtime import tune_gc
@@ -127,14 +136,20 @@ def split(polled: Sequence[tuple[int, list[bytes], list[bytes]]], partitions: in
     ]
 
 
-def run_once(store: StateStore, settings: object, feed: Feed, partitions: int = 1) -> float:
+def run_once(
+    store: StateStore, settings: object, feed: Feed, partitions: int = 1, held: int = 0
+) -> float:
     """CPU seconds of this process to apply every poll of ``feed``, whose events are
     keyed by user over ``partitions`` partitions (as kafka-python's producer would place
-    them), all owned by this process: a batch per partition and kind in each poll."""
+    them), all owned by this process: a batch per partition and kind in each poll.
+    ``held``: finalised markers (and as many applied interactions) each partition
+    holds before the first poll, as after ``engine.finalised_ttl`` of traffic."""
     clock = [T0]
     config = tasks_config(settings, partitions)  # type: ignore[arg-type]
     tasks = Tasks(store, config, clock_ms=lambda: clock[0])
     tasks.assign(list(range(partitions)))
+    for owned in tasks.owned.values():
+        hold_markers(owned.engine.state.markers, held)
     offsets: dict[str, int] = {}
     started = time.process_time()
     for now, polled in feed:
@@ -147,6 +162,17 @@ def run_once(store: StateStore, settings: object, feed: Feed, partitions: int = 
             batches.append(PartitionBatch(kind, name, part, offsets_of))  # type: ignore[arg-type]
         tasks.apply(batches, {})
     return time.process_time() - started
+
+
+def hold_markers(markers: Markers, held: int) -> None:
+    """Give a partition's markers ``held`` random finalised hashes and as many applied
+    ones, all live through the run, added as checkpoints would add them (not written)."""
+    rng = np.random.default_rng(held)
+    for hashes in (markers.final, markers.applied):
+        for start in range(0, held, 1 << 16):
+            n = min(1 << 16, held - start)
+            keys = rng.integers(0, 2**63, n, dtype=np.int64).astype(np.uint64) << np.uint64(1)
+            hashes.add(keys, np.full(n, T0 + 10**12, dtype=np.int64), markers.bound)
 
 
 def _by_partition(payloads: list[bytes], partitions: int) -> dict[int, list[bytes]]:
@@ -184,6 +210,19 @@ def main() -> None:
         help="the regression history with provisional scoring and the maturity curve (the "
         "default), without the curve, final only, none",
     )
+    parser.add_argument(
+        "--held-markers",
+        type=int,
+        default=0,
+        help="finalised markers each partition holds from the start (and as many applied "
+        "interactions): engine.finalised_ttl (6 h) of 250 requests/s is 5,400,000",
+    )
+    parser.add_argument(
+        "--no-replay",
+        dest="replay",
+        action="store_false",
+        help="skip replay's CPU per event on the same events",
+    )
     parser.add_argument("--profile", action="store_true")
     parser.add_argument(
         "--stages", action="store_true", help="CPU per event of each stage (TIMED), all runs"
@@ -215,18 +254,19 @@ def main() -> None:
         profiled = repeat == args.repeats
         if profiled:
             profile.enable()
-        spent = run_once(store, settings, feed, args.partitions)
+        spent = run_once(store, settings, feed, args.partitions, args.held_markers)
         profile.disable()
         if not profiled:
             cpu.append(spent)
             redis_cpu.append(_redis_cpu(raw) - before)
         _drop(raw, prefix)
+    replay = [replay_cpu(imps, ints, args) for _ in range(args.repeats)] if args.replay else []
     print(f"machine: {machine()}")
     print(
         f"{events:,} events ({len(imps):,} impressions of 20 items), polls of "
         f"{args.poll_ms // 1000} s of event time, attribution window "
         f"{args.attribution_window}, {args.store} store, {args.partitions} partition(s), "
-        f"median of {args.repeats}"
+        f"{args.held_markers:,} markers held, median of {args.repeats}"
     )
     print(
         f"  engine CPU per event, in process: {statistics.median(cpu) / events * 1e6:.1f} µs "
@@ -234,12 +274,44 @@ def main() -> None:
     )
     if raw is not None:
         print(f"  Redis CPU per event: {statistics.median(redis_cpu) / events * 1e6:.1f} µs")
+    if replay:
+        per_event = statistics.median(replay) / events * 1e6
+        print(
+            f"  evaluator replay of the same events, CPU per event: {per_event:.1f} µs "
+            f"(runs: {', '.join(f'{c / events * 1e6:.1f}' for c in replay)}); the engine "
+            f"in process at {statistics.median(cpu) / statistics.median(replay):.2f}x replay"
+        )
     if args.profile:
         _stages(profile, events)
     if by_stage:
         print(f"  CPU per event by stage (µs, over the {args.repeats} counted runs):")
         for stage, seconds in by_stage.items():
             print(f"    {stage:<42} {seconds / (events * args.repeats) * 1e6:5.2f}")
+
+
+def replay_cpu(imps: list[bytes], ints: list[bytes], args: argparse.Namespace) -> float:
+    """CPU seconds of ``evaluator replay``'s work on the events (its forked child's
+    included): read, decode, join, score and report, with the run's settings."""
+    settings = load_settings(
+        environ={},
+        overrides={
+            "join": {"attribution_window": args.attribution_window},
+            "regression": REGRESSION[args.regression],
+        },
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        files = []
+        for name, payloads in (("impressions", imps), ("interactions", ints)):
+            path = os.path.join(folder, f"{name}.jsonl")
+            with open(path, "wb") as out:
+                out.write(b"\n".join(payloads) + b"\n")
+            files.append(path)
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.process_time()
+        evaluate_files(*map(Path, files), settings, progress=False, now_ms=T0 + 10**12)
+        spent = time.process_time() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return spent + (after.ru_utime + after.ru_stime) - (children.ru_utime + children.ru_stime)
 
 
 def _timed() -> dict[str, float]:

@@ -8,8 +8,9 @@ import msgspec
 import numpy as np
 import pytest
 
-from evaluator.engine import markers as markers_module
-from evaluator.engine.markers import NONE_MS, HashRuns, Markers, decode_segment
+from evaluator.engine import hashruns
+from evaluator.engine.hashruns import NONE_MS, HashRuns
+from evaluator.engine.markers import Markers, decode_segment
 
 
 class Log:
@@ -26,18 +27,21 @@ class Log:
 def test_runs_find_the_largest_live_deadline_of_each_hash(
     seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Batches of hashes (some repeated, within a batch and across them, with other
-    deadlines), merged as they come, and an expiry bound that moves: every lookup
-    equals the dict's largest deadline at or after the bound (what expired between
-    merges may still be found, but only with its own deadline)."""
-    monkeypatch.setattr(markers_module, "RUN_ROWS", 64)  # full runs stop merging
+    """Batches of hashes (some repeated, within a batch and across them and the three
+    levels, with other deadlines), merged as they come, and an expiry bound that
+    moves: every lookup equals the dict's largest deadline at or after the bound (what
+    expired between merges may still be found, but only with its own deadline)."""
+    monkeypatch.setattr(hashruns, "SMALL_ROWS", 64)  # every level in play
+    monkeypatch.setattr(hashruns, "BASE_ROWS", 256)
     rng = random.Random(seed)
     runs, held = HashRuns(), {}
     before = -(2**62)
-    for step in range(300):
+    levels = set()
+    for step in range(400):
         n = rng.randrange(1, 40)
         keys = [rng.randrange(2**64) if rng.random() < 0.8 else rng.randrange(50) for _ in range(n)]
-        deadlines = [step * 10 + rng.randrange(100) for _ in range(n)]
+        keys += [rng.choice(sorted(held)) for _ in range(3)] if held else []  # held already
+        deadlines = [step * 10 + rng.randrange(100) for _ in keys]
         runs.add(np.array(keys, np.uint64), np.array(deadlines, np.int64), before)
         for k, d in zip(keys, deadlines, strict=True):
             if d >= before:
@@ -45,14 +49,36 @@ def test_runs_find_the_largest_live_deadline_of_each_hash(
         if rng.random() < 0.2:
             before = max(before, step * 10 - rng.randrange(200))  # never back
             runs.expire(before)
+        levels |= {name for name in ("base", "middle") if getattr(runs, name) is not None}
         asked = [*rng.sample(sorted(held), min(30, len(held))), *range(50), 2**64 - 1]
+        asked += [rng.randrange(2**64) for _ in range(20)]
         found = runs.find(np.array(asked, np.uint64)).tolist()
         for key, got in zip(asked, found, strict=True):
             want = held.get(key, NONE_MS)
             if want >= before or got >= before:
                 assert got == want, (step, key)
-    assert max(run.keys.size for run in runs.runs) <= 64
+        assert sum(run.keys.size for run in runs.runs) < 64  # small runs settle
+    assert levels == {"base", "middle"}
     assert runs.live(before) == {k: d for k, d in held.items() if d >= before}
+
+
+def test_a_lookup_reads_a_directory_bucket_of_the_large_runs() -> None:
+    """The base and middle runs' directories hold about eight hashes a bucket, every
+    hash in the bucket of its top bits, so a lookup's search stays within a few
+    entries however many are held."""
+    rng = np.random.default_rng(3)
+    runs = HashRuns()
+    for _ in range(20):
+        keys = rng.integers(0, 2**63, 20_000, dtype=np.int64).astype(np.uint64) * np.uint64(2)
+        runs.add(keys, np.full(keys.size, 10**12, np.int64), 0)
+    assert runs.base is not None and runs.middle is not None
+    for level in (runs.base, runs.middle):
+        starts, held = level.starts, level.run.keys
+        sizes = np.diff(starts)
+        assert sizes.sum() == held.size and 4 <= sizes.mean() <= 16
+        bucket = np.repeat(np.arange(sizes.size), sizes)
+        assert (held >> np.uint64(64 - level.bits)).astype(np.int64).tolist() == bucket.tolist()
+    assert len(runs) == 400_000
 
 
 def test_segments_round_trip_and_old_rows_are_hashed_alike() -> None:

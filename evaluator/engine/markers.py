@@ -11,12 +11,12 @@ so nobody can choose ids that collide; by chance two of 10 million live ids coll
 with a probability of about 1 in 370,000, and such a collision counts one new
 request as a duplicate.
 
-In memory the hashes are sorted runs with their deadlines, merged as they come (an
-entry is copied a logarithmic number of times) and looked up a batch at a time. In
-the changelog, ``g:<n>`` holds those added between two checkpoints (hash bytes and
-deadline offsets), ``m:`` the bound below which markers have expired. A marker
-counts while its deadline is at or after the bound. A segment is deleted, and a run
-dropped from memory, once everything in it has expired; until then an expired
+In memory the hashes and their deadlines are :class:`~evaluator.engine.hashruns.HashRuns`:
+sorted runs in three levels, looked up a batch at a time at a cost that does not grow
+with the markers held. In the changelog, ``g:<n>`` holds those added between two
+checkpoints (hash bytes and deadline offsets), ``m:`` the bound below which markers
+have expired. A marker counts while its deadline is at or after the bound. A segment
+is deleted, and a run dropped from memory, once everything in it has expired; until then an expired
 marker stays and counts for nothing, exactly as in a state rebuilt from the
 changelog. Versions before hashed markers wrote rows of ids in ``g:`` and
 ``f:<request>`` overrides: they are read (hashed on load) and deleted as they expire.
@@ -34,6 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from evaluator.core.sketch import hash_strings
+from evaluator.engine.hashruns import NONE_MS, HashRuns
 from evaluator.engine.records import encode
 
 U64 = npt.NDArray[np.uint64]
@@ -41,10 +42,6 @@ I64 = npt.NDArray[np.int64]
 
 MARKER_FORMAT = 2
 """The version of a ``g:`` segment's layout (its first element; older ones are rows)."""
-RUN_ROWS = 1 << 18
-"""Runs stop merging at this size: a full run is dropped whole once it has expired."""
-NONE_MS = -(2**63)
-"""The deadline found for a hash that is not held."""
 EARLIEST_MS = -(2**62)
 
 
@@ -52,96 +49,6 @@ class Changelog(Protocol):
     """Where the markers record their changes: the partition's changelog."""
 
     def set(self, name: str, value: bytes | None) -> None: ...
-
-
-@dataclass(slots=True)
-class Run:
-    """Sorted unique hashes with the largest deadline of each."""
-
-    keys: U64
-    deadlines: I64
-    last: int
-    """The largest deadline: the run expires whole after it."""
-
-    @classmethod
-    def of(cls, keys: U64, deadlines: I64, before_ms: int) -> Run | None:
-        """The entries at or after ``before_ms`` (None when none is)."""
-        keep = deadlines >= before_ms
-        if not keep.all():
-            keys, deadlines = keys[keep], deadlines[keep]
-        if not keys.size:
-            return None
-        order = np.argsort(keys, kind="stable")  # linear over a few sorted runs
-        keys, deadlines = keys[order], deadlines[order]
-        repeated = keys[1:] == keys[:-1]
-        if repeated.any():  # a hash held twice (finalised again): its largest deadline
-            first = np.flatnonzero(np.concatenate([[True], ~repeated]))
-            keys, deadlines = keys[first], np.maximum.reduceat(deadlines, first)
-        return cls(keys, deadlines, int(deadlines.max()))
-
-    def find(self, keys: U64, found: I64) -> None:
-        """Raise ``found`` to the deadline of each of ``keys`` held (sorted keys: the
-        searches walk the run in order)."""
-        at = np.searchsorted(self.keys, keys)
-        np.minimum(at, self.keys.size - 1, out=at)
-        hit = self.keys[at] == keys
-        np.maximum(found, np.where(hit, self.deadlines[at], NONE_MS), out=found)
-
-
-@dataclass(slots=True)
-class HashRuns:
-    """Hashes with deadlines, as runs merged binary-counter style (see :class:`Run`)."""
-
-    runs: list[Run] = field(default_factory=list)
-
-    def add(self, keys: U64, deadlines: I64, before_ms: int) -> None:
-        run = Run.of(keys, deadlines, before_ms)
-        if run is None:
-            return
-        runs = self.runs
-        runs.append(run)
-        while len(runs) >= 2 and runs[-2].keys.size <= runs[-1].keys.size:
-            a, b = runs[-2], runs[-1]
-            if a.keys.size + b.keys.size > RUN_ROWS:
-                break
-            merged = Run.of(
-                np.concatenate([a.keys, b.keys]),
-                np.concatenate([a.deadlines, b.deadlines]),
-                before_ms,
-            )
-            runs[-2:] = [merged] if merged is not None else []
-
-    def find(self, keys: U64) -> I64:
-        """Each hash's largest deadline held (:data:`NONE_MS`: none)."""
-        if not keys.size or not self.runs:
-            return np.full(keys.size, NONE_MS, dtype=np.int64)
-        order = np.argsort(keys)
-        ordered = keys[order]
-        found = np.full(keys.size, NONE_MS, dtype=np.int64)
-        for run in self.runs:
-            run.find(ordered, found)
-        out = np.empty_like(found)
-        out[order] = found
-        return out
-
-    def expire(self, before_ms: int) -> None:
-        self.runs = [run for run in self.runs if run.last >= before_ms]
-
-    def live(self, before_ms: int) -> dict[int, int]:
-        """Hash -> deadline of the entries at or after ``before_ms``."""
-        out: dict[int, int] = {}
-        for run in self.runs:
-            for key, deadline in zip(run.keys.tolist(), run.deadlines.tolist(), strict=True):
-                if deadline >= before_ms and deadline > out.get(key, NONE_MS):
-                    out[key] = deadline
-        return out
-
-    def __len__(self) -> int:
-        return sum(run.keys.size for run in self.runs)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(run.keys.nbytes + run.deadlines.nbytes for run in self.runs)
 
 
 @dataclass(slots=True)
