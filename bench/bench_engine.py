@@ -55,6 +55,7 @@ from evaluator.engine.markers import Markers
 from evaluator.engine.partitioner import murmur2_partitions
 from evaluator.engine.ports import StateStore
 from evaluator.engine.runtime import tune_gc
+from evaluator.engine.state import PartitionState
 from evaluator.engine.tasks import Tasks
 
 REGRESSION = {
@@ -137,19 +138,27 @@ def split(polled: Sequence[tuple[int, list[bytes], list[bytes]]], partitions: in
 
 
 def run_once(
-    store: StateStore, settings: object, feed: Feed, partitions: int = 1, held: int = 0
+    store: StateStore,
+    settings: object,
+    feed: Feed,
+    partitions: int = 1,
+    *,
+    held: int = 0,
+    exposed: int = 0,
 ) -> float:
     """CPU seconds of this process to apply every poll of ``feed``, whose events are
     keyed by user over ``partitions`` partitions (as kafka-python's producer would place
     them), all owned by this process: a batch per partition and kind in each poll.
     ``held``: finalised markers (and as many applied interactions) each partition
-    holds before the first poll, as after ``engine.finalised_ttl`` of traffic."""
+    holds before the first poll, as after ``engine.finalised_ttl`` of traffic;
+    ``exposed``: users of the ``default`` experiment each partition has seen."""
     clock = [T0]
     config = tasks_config(settings, partitions)  # type: ignore[arg-type]
     tasks = Tasks(store, config, clock_ms=lambda: clock[0])
     tasks.assign(list(range(partitions)))
     for owned in tasks.owned.values():
         hold_markers(owned.engine.state.markers, held)
+        hold_exposed(owned.engine.state, exposed)
     offsets: dict[str, int] = {}
     started = time.process_time()
     for now, polled in feed:
@@ -173,6 +182,14 @@ def hold_markers(markers: Markers, held: int) -> None:
             n = min(1 << 16, held - start)
             keys = rng.integers(0, 2**63, n, dtype=np.int64).astype(np.uint64) << np.uint64(1)
             hashes.add(keys, np.full(n, T0 + 10**12, dtype=np.int64), markers.bound)
+
+
+def hold_exposed(state: PartitionState, users: int) -> None:
+    """Give a partition's ``default`` experiment ``users`` exposed users (none of the
+    run's), in runs as checkpoints of 50,000 new users each leave them (not written)."""
+    for start in range(0, users, 50_000):
+        state.expose("default", [f"held-{n}" for n in range(start, min(users, start + 50_000))])
+        state.exposed.write({})
 
 
 def _by_partition(payloads: list[bytes], partitions: int) -> dict[int, list[bytes]]:
@@ -218,6 +235,13 @@ def main() -> None:
         "interactions): engine.finalised_ttl (6 h) of 250 requests/s is 5,400,000",
     )
     parser.add_argument(
+        "--exposed-users",
+        type=int,
+        default=0,
+        help="users each partition's default experiment has exposed before the run (it "
+        "never ends: a site's distinct users over the partitions)",
+    )
+    parser.add_argument(
         "--no-replay",
         dest="replay",
         action="store_false",
@@ -254,7 +278,14 @@ def main() -> None:
         profiled = repeat == args.repeats
         if profiled:
             profile.enable()
-        spent = run_once(store, settings, feed, args.partitions, args.held_markers)
+        spent = run_once(
+            store,
+            settings,
+            feed,
+            args.partitions,
+            held=args.held_markers,
+            exposed=args.exposed_users,
+        )
         profile.disable()
         if not profiled:
             cpu.append(spent)
@@ -266,7 +297,8 @@ def main() -> None:
         f"{events:,} events ({len(imps):,} impressions of 20 items), polls of "
         f"{args.poll_ms // 1000} s of event time, attribution window "
         f"{args.attribution_window}, {args.store} store, {args.partitions} partition(s), "
-        f"{args.held_markers:,} markers held, median of {args.repeats}"
+        f"{args.held_markers:,} markers and {args.exposed_users:,} exposed users held, "
+        f"median of {args.repeats}"
     )
     print(
         f"  engine CPU per event, in process: {statistics.median(cpu) / events * 1e6:.1f} µs "
