@@ -2,6 +2,7 @@
 
     make services && eval "$(python3 scripts/services.py env)"
     .venv/bin/python bench/bench_engine.py [--requests 50000] [--repeats 3] [--store redis]
+        [--partitions 4] [--held-markers 5400000] [--exposed-users 5000000]
 
 The events of ``bench/bench_run.py`` (impressions of 20 items, position-biased
 interactions, 20 ms apart) go through ``Tasks.apply``, the batch entry point that
@@ -25,7 +26,10 @@ record parsing (~4.5 µs per event, ``bench_run.py``'s raw consumer) comes on to
 ``evaluator run``. Beside it, in the same run, ``evaluator replay``'s CPU per event on
 the same events (written as JSON Lines, the same settings; both of its processes,
 files read and report built included): the whole-file batch path the engine's
-figure is set against.
+figure is set against. The runs last minutes of event time; ``--held-markers`` and
+``--exposed-users`` give each partition, before the first poll, the finalised markers
+it holds after ``engine.finalised_ttl`` of traffic and the users a long experiment has
+exposed.
 """
 
 from __future__ import annotations
