@@ -16,10 +16,11 @@ sorted runs in three levels, looked up a batch at a time at a cost that does not
 with the markers held. In the changelog, ``g:<n>`` holds those added between two
 checkpoints (hash bytes and deadline offsets), ``m:`` the bound below which markers
 have expired. A marker counts while its deadline is at or after the bound. A segment
-is deleted, and a run dropped from memory, once everything in it has expired; until then an expired
-marker stays and counts for nothing, exactly as in a state rebuilt from the
-changelog. Versions before hashed markers wrote rows of ids in ``g:`` and
-``f:<request>`` overrides: they are read (hashed on load) and deleted as they expire.
+is deleted, and a run dropped from memory, once everything in it has expired (a
+merge also drops the expired entries it copies); until then an expired marker stays
+and counts for nothing, exactly as in a state rebuilt from the changelog. Versions
+before hashed markers wrote rows of ids in ``g:`` and ``f:<request>`` overrides: they
+are read (hashed on load) and deleted as they expire.
 """
 
 from __future__ import annotations
