@@ -7,6 +7,7 @@ interactions. Pure.
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 from evaluator.core.due import Named, PendingInteraction
 from evaluator.core.finalise import (
@@ -39,12 +40,16 @@ def due_contexts(
     return loose, history, loose_of
 
 
+Spans = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]
+"""Per user code, the first and last loose-interaction time that matters."""
+
+
 def loose_join(
-    state: PartitionState, codes: dict[str, int], spans: dict[str, tuple[int, int]] | None = None
+    state: PartitionState, codes: dict[str, int], spans: Spans | None = None
 ) -> tuple[LooseJoin | None, list[tuple[str, PendingInteraction]]]:
     """For the users of ``codes`` (user id -> code) with loose interactions: their open
     impressions and those interactions, as the user-based join takes them, and each
-    interaction's user id (None: no such user). ``spans``: per user, the interaction
+    interaction's user id (None: no such user). ``spans``: per user code, the interaction
     times that matter (the others are left out, and a user without any too)."""
     loose: list[PendingInteraction] = []
     loose_user: list[int] = []
@@ -53,7 +58,7 @@ def loose_join(
     for uid in [uid for uid in codes if (u := users.get(uid)) is not None and u.loose]:
         waiting = sorted(users[uid].loose.values())  # the user has open requests
         if spans is not None:
-            lo, hi = spans[uid]
+            lo, hi = int(spans[0][codes[uid]]), int(spans[1][codes[uid]])
             waiting = [it for it in waiting if lo <= it.timestamp_ms <= hi]
         loose += waiting
         loose_user += [codes[uid]] * len(waiting)

@@ -18,13 +18,15 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
+
 from evaluator.core.due import Due
 from evaluator.core.finalise import FinaliseConfig, join_due
 from evaluator.core.provisional import as_provisional, score_rows
 from evaluator.core.regression import HistoryKey, RegressionRules, history_increments
 from evaluator.core.scoring import score_sparse
 from evaluator.core.windows import AggregateLayout
-from evaluator.engine.contexts import loose_join, named_columns
+from evaluator.engine.contexts import Spans, loose_join, named_columns
 from evaluator.engine.ports import FloatArray
 from evaluator.engine.state import PartitionState
 
@@ -50,7 +52,8 @@ def provisional_pass(
         return {}
     young.named = named_columns(state, young.request_id)
     codes = {uid: code for code, uid in enumerate(dict.fromkeys(young.user_id))}
-    joined, _ = loose_join(state, codes, _spans(young, config, layout.provisional_age_ms))
+    spans = _spans(young, codes, config, layout.provisional_age_ms)
+    joined, _ = loose_join(state, codes, spans)
     attributed, _ = join_due(young, joined, config.rules, Counter())
     seen = attributed.within(young.ms, layout.provisional_age_ms)
     scores = score_sparse(len(young), *seen[:3], config.scoring, metrics=("ndcg",))
@@ -60,18 +63,19 @@ def provisional_pass(
     return as_provisional(history_increments(rules, keys, young.variant, rows))
 
 
-def _spans(young: Due, config: FinaliseConfig, age_ms: int) -> dict[str, tuple[int, int]]:
-    """Per user, the times of the loose interactions that can count for one of their
-    young requests: not before the first one's impression (less the clock skew an
-    interaction may precede it by: an earlier one can only join an older request), not
-    after the last one's age (:meth:`Attributed.within` drops those). Each is attributed
-    on its own, so leaving the others out changes no young request's score."""
-    skew = config.rules.max_clock_skew_ms
-    spans: dict[str, tuple[int, int]] = {}
-    for uid, ms in zip(young.user_id, young.ms.tolist(), strict=True):
-        lo, hi = spans.get(uid, (ms, ms))
-        spans[uid] = (min(lo, ms), max(hi, ms))
-    return {uid: (lo - skew, hi + age_ms) for uid, (lo, hi) in spans.items()}
+def _spans(young: Due, codes: dict[str, int], config: FinaliseConfig, age_ms: int) -> Spans:
+    """Per user (code of ``codes``), the times of the loose interactions that can count
+    for one of their young requests: not before the first one's impression (less the
+    clock skew an interaction may precede it by: an earlier one can only join an older
+    request), not after the last one's age (:meth:`Attributed.within` drops those).
+    Each is attributed on its own, so leaving the others out changes no young request's
+    score."""
+    users = np.fromiter(map(codes.__getitem__, young.user_id), dtype=np.int64, count=len(young))
+    lo = np.full(len(codes), np.iinfo(np.int64).max, dtype=np.int64)
+    hi = np.full(len(codes), np.iinfo(np.int64).min, dtype=np.int64)
+    np.minimum.at(lo, users, young.ms)
+    np.maximum.at(hi, users, young.ms)
+    return lo - config.rules.max_clock_skew_ms, hi + age_ms
 
 
 def scored_through(state: PartitionState, at_ms: int) -> int:
