@@ -107,35 +107,46 @@ class Indexed:
 
     @classmethod
     def of(cls, run: Run) -> Indexed:
-        bits = max(0, run.keys.size.bit_length() - 1 - BUCKET_BITS)
-        if not bits:
-            return cls(run, 0, np.array([0, run.keys.size], dtype=np.int64))
-        counts = np.bincount(_buckets(run.keys, bits), minlength=1 << bits)
-        starts = np.zeros(counts.size + 1, dtype=np.int64)
-        np.cumsum(counts, out=starts[1:])
-        return cls(run, bits, starts)
+        return cls(run, *directory(run.keys))
 
     def find(self, keys: U64, found: I64) -> None:
-        """Raise ``found`` to the deadline of each of ``keys`` held: a binary search in
-        each key's bucket, a round at a time over the keys still searching."""
-        held = self.run.keys
-        bucket = _buckets(keys, self.bits)
-        lo, hi = self.starts[bucket], self.starts[bucket + 1]
-        todo = np.flatnonzero(lo < hi)
-        while todo.size:
-            a, b = lo[todo], hi[todo]
-            mid = (a + b) >> 1
-            right = held[mid] < keys[todo]
-            lo[todo] = np.where(right, mid + 1, a)
-            hi[todo] = np.where(right, b, mid)
-            todo = todo[lo[todo] < hi[todo]]
-        at = np.minimum(lo, held.size - 1)
-        hit = held[at] == keys
+        """Raise ``found`` to the deadline of each of ``keys`` held."""
+        at, hit = search(self.run.keys, self.bits, self.starts, keys)
         np.maximum(found, np.where(hit, self.run.deadlines[at], NONE_MS), out=found)
 
     @property
     def nbytes(self) -> int:
         return self.run.nbytes + int(self.starts.nbytes)
+
+
+def directory(held: U64) -> tuple[int, I64]:
+    """A directory of sorted hashes' top bits (about 2**BUCKET_BITS entries a bucket):
+    the number of bits, and where each bucket starts (one more entry: the end)."""
+    bits = max(0, held.size.bit_length() - 1 - BUCKET_BITS)
+    if not bits:
+        return 0, np.array([0, held.size], dtype=np.int64)
+    counts = np.bincount(_buckets(held, bits), minlength=1 << bits)
+    starts = np.zeros(counts.size + 1, dtype=np.int64)
+    np.cumsum(counts, out=starts[1:])
+    return bits, starts
+
+
+def search(held: U64, bits: int, starts: I64, keys: U64) -> tuple[I64, npt.NDArray[np.bool_]]:
+    """Each key's position in ``held`` (sorted, not empty, with its :func:`directory`)
+    and whether it is there: a binary search in each key's bucket, a round at a time
+    over the keys still searching."""
+    bucket = _buckets(keys, bits)
+    lo, hi = starts[bucket], starts[bucket + 1]
+    todo = np.flatnonzero(lo < hi)
+    while todo.size:
+        a, b = lo[todo], hi[todo]
+        mid = (a + b) >> 1
+        right = held[mid] < keys[todo]
+        lo[todo] = np.where(right, mid + 1, a)
+        hi[todo] = np.where(right, b, mid)
+        todo = todo[lo[todo] < hi[todo]]
+    at = np.minimum(lo, held.size - 1)
+    return at, held[at] == keys
 
 
 def _buckets(keys: U64, bits: int) -> I64:
@@ -228,4 +239,4 @@ class HashRuns:
         return sum(levels) + sum(run.nbytes for run in self.runs)
 
 
-__all__ = ["NONE_MS", "HashRuns", "Run"]
+__all__ = ["NONE_MS", "HashRuns", "Run", "directory", "search"]
