@@ -3,6 +3,7 @@
     make services && eval "$(python3 scripts/services.py env)"
     .venv/bin/python bench/bench_engine.py [--requests 50000] [--repeats 3] [--store redis]
         [--partitions 4] [--held-markers 5400000] [--exposed-users 5000000]
+        [--held-open 3000000]
 
 The events of ``bench/bench_run.py`` (impressions of 20 items, position-biased
 interactions, 20 ms apart) go through ``Tasks.apply``, the batch entry point that
@@ -26,10 +27,11 @@ record parsing (~4.5 µs per event, ``bench_run.py``'s raw consumer) comes on to
 ``evaluator run``. Beside it, in the same run, ``evaluator replay``'s CPU per event on
 the same events (written as JSON Lines, the same settings; both of its processes,
 files read and report built included): the whole-file batch path the engine's
-figure is set against. The runs last minutes of event time; ``--held-markers`` and
-``--exposed-users`` give each partition, before the first poll, the finalised markers
-it holds after ``engine.finalised_ttl`` of traffic and the users a long experiment has
-exposed.
+figure is set against. The runs last minutes of event time; ``--held-markers``,
+``--exposed-users`` and ``--held-open`` give each partition, before the first poll, the
+finalised markers it holds after ``engine.finalised_ttl`` of traffic, the users a long
+experiment has exposed and the open requests of a long attribution window (24 h at
+250 requests/s: 21.6 million).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from evaluator.config import load_settings
 from evaluator.config.plain import tasks_config
 from evaluator.engine.batches import PartitionBatch
 from evaluator.engine.markers import Markers
+from evaluator.engine.partition import PartitionEngine
 from evaluator.engine.partitioner import murmur2_partitions
 from evaluator.engine.ports import StateStore
 from evaluator.engine.runtime import tune_gc
@@ -149,13 +152,16 @@ def run_once(
     *,
     held: int = 0,
     exposed: int = 0,
+    held_open: int = 0,
 ) -> float:
     """CPU seconds of this process to apply every poll of ``feed``, whose events are
     keyed by user over ``partitions`` partitions (as kafka-python's producer would place
     them), all owned by this process: a batch per partition and kind in each poll.
     ``held``: finalised markers (and as many applied interactions) each partition
     holds before the first poll, as after ``engine.finalised_ttl`` of traffic;
-    ``exposed``: users of the ``default`` experiment each partition has seen."""
+    ``exposed``: users of the ``default`` experiment each partition has seen;
+    ``held_open``: requests each partition holds open through the run, as a long
+    attribution window leaves them."""
     clock = [T0]
     config = tasks_config(settings, partitions)  # type: ignore[arg-type]
     tasks = Tasks(store, config, clock_ms=lambda: clock[0])
@@ -163,6 +169,7 @@ def run_once(
     for owned in tasks.owned.values():
         hold_markers(owned.engine.state.markers, held)
         hold_exposed(owned.engine.state, exposed)
+        hold_open(owned.engine, held_open)
     offsets: dict[str, int] = {}
     started = time.process_time()
     for now, polled in feed:
@@ -194,6 +201,36 @@ def hold_exposed(state: PartitionState, users: int) -> None:
     for start in range(0, users, 50_000):
         state.expose("default", [f"held-{n}" for n in range(start, min(users, start + 50_000))])
         state.exposed.write({})
+
+
+def hold_open(engine: PartitionEngine, requests: int) -> None:
+    """Open ``requests`` requests of 20 items (of the run's catalog) in the partition,
+    of impression times after the run's (none is due in it), of users none of the
+    run's, in batches as polls would add them (not written)."""
+    rng = np.random.default_rng(requests)
+    delay = engine.config.finalise.deadline(0)
+    for start in range(0, requests, 4096):
+        n = min(4096, requests - start)
+        items = rng.integers(0, 50_000, (n, 20)).tolist()
+        rows = [
+            (
+                f"held-r{start + i}",
+                f"held-u{start + i}",
+                "AB"[i % 2],
+                T0 + 10**10 + start + i,
+                [f"p{c}" for c in items[i]],
+                [],
+                "",
+                [],
+                "",
+                None,
+                "",
+            )
+            for i in range(n)
+        ]
+        engine.state.add_requests(rows, delay)
+    engine.state.fresh_chunks.clear()
+    engine.state.fresh.clear()
 
 
 def _by_partition(payloads: list[bytes], partitions: int) -> dict[int, list[bytes]]:
@@ -251,6 +288,12 @@ def main() -> None:
         action="store_false",
         help="skip replay's CPU per event on the same events",
     )
+    parser.add_argument(
+        "--held-open",
+        type=int,
+        default=0,
+        help="requests each partition holds open through the run (a long attribution window)",
+    )
     parser.add_argument("--profile", action="store_true")
     parser.add_argument(
         "--stages", action="store_true", help="CPU per event of each stage (TIMED), all runs"
@@ -289,6 +332,7 @@ def main() -> None:
             args.partitions,
             held=args.held_markers,
             exposed=args.exposed_users,
+            held_open=args.held_open,
         )
         profile.disable()
         if not profiled:
@@ -301,7 +345,8 @@ def main() -> None:
         f"{events:,} events ({len(imps):,} impressions of 20 items), polls of "
         f"{args.poll_ms // 1000} s of event time, attribution window "
         f"{args.attribution_window}, {args.store} store, {args.partitions} partition(s), "
-        f"{args.held_markers:,} markers and {args.exposed_users:,} exposed users held, "
+        f"{args.held_markers:,} markers, {args.exposed_users:,} exposed users and "
+        f"{args.held_open:,} open requests held, "
         f"median of {args.repeats}"
     )
     print(

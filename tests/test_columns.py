@@ -332,3 +332,78 @@ def test_uuid_ids_are_stored_in_16_bytes_and_read_back_exactly(
     columns = msgspec.msgpack.decode(raw)[2]
     lengths = [len(columns[0][-1]), len(columns[1][-1])]  # the UUIDs' bytes, or the ids'
     assert lengths == [16 * len(ids) if packed else len("".join(ids))] * 2
+
+
+def test_merged_and_taken_indexes_equal_indexes_built_afresh() -> None:
+    """Chunks are merged and rewritten without sorting their hashes again: the result
+    equals the index sorted afresh (keys, rows and filter), repeated hashes included."""
+    rng = np.random.default_rng(9)
+    for a_size, b_size in ((0, 5), (5, 0), (1, 1), (300, 700), (4_000, 4_000)):
+        a = rng.integers(0, 50, size=a_size, dtype=np.int64) * 7919  # many repeats
+        b = rng.integers(0, 50, size=b_size, dtype=np.int64) * 7919
+        fresh = chunks.Index.of(np.concatenate([a, b]))
+        merged = chunks.Index.merged([(a_size, chunks.Index.of(a)), (b_size, chunks.Index.of(b))])
+        assert np.array_equal(merged.keys, fresh.keys)
+        assert np.array_equal(merged.rows, fresh.rows)
+        assert np.array_equal(merged.bits, fresh.bits)
+        size = a_size + b_size
+        kept = np.flatnonzero(rng.random(size) < 0.4)
+        taken = fresh.take(kept, size)
+        again = chunks.Index.of(fresh.per_row()[kept])
+        assert np.array_equal(taken.keys, again.keys)
+        assert np.array_equal(taken.rows, again.rows)
+        assert np.array_equal(taken.bits, again.bits)
+
+
+def test_scans_by_time_pass_over_chunks_only_outside_their_span(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Chunks of disjoint time spans (as arrival order leaves them): ``due``, ``peek``
+    and ``count_due`` at every boundary (a chunk's first and last time, and one either
+    side) find exactly the requests of their span."""
+    monkeypatch.setattr(columns, "CHUNK_ROWS", 16)
+    rng = random.Random(3)
+    table, times = OpenTable(), {}
+    for n in range(0, 120, 6):  # batches of 6 consecutive times: chunks of 6 to 16 rows
+        batch = [row(n + k, rng) for k in range(6)]
+        for k, r in enumerate(batch):
+            r[3] = 1_000 + n + k
+            times[r[0]] = r[3]
+        table.append(batch)
+    assert len(table.chunks) > 3
+    bounds = sorted(
+        {t + d for c in table.chunks for t in (c.first_ms, c.last_ms) for d in (-1, 0, 1)}
+    )
+    for through in bounds:
+        want = {rid for rid, t in times.items() if t <= through}
+        assert set(table.due(through)[0].request_id) == want
+        assert table.count_due(through) == len(want)
+        for after in bounds:
+            peeked = {rid for rid, t in times.items() if after < t <= through}
+            assert set(table.peek(after, through).request_id) == peeked
+
+
+def test_a_new_owner_adds_many_chunks_at_once_as_one_by_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A load's chunks (some rows already final) go in together: the same open requests
+    as adding them one by one, in chunks of at most ``CHUNK_ROWS`` live rows."""
+    monkeypatch.setattr(columns, "CHUNK_ROWS", 16)
+    rng = random.Random(4)
+    book = Codebook()
+    parts, made = [], 0
+    for _ in range(30):
+        batch = [row(made + k, rng) for k in range(rng.randrange(1, 12))]
+        made += len(batch)
+        chunk = chunks.Chunk.of(batch, book)
+        chunk.alive &= np.array([rng.random() < 0.7 for _ in batch], dtype=np.bool_)
+        chunk.live = int(chunk.alive.sum())
+        parts.append(chunk)
+    together, one_by_one = OpenTable(book), OpenTable(book)
+    together.add_many(parts)
+    for chunk in parts:
+        one_by_one.add(chunk)
+    assert together.as_dict() == one_by_one.as_dict()
+    assert len(together) == sum(c.live for c in parts)
+    assert all(c.live == c.size <= 16 for c in together.chunks)
+    assert len(together.chunks) <= -(-len(together) // 8) + 1  # groups nearly full

@@ -53,13 +53,38 @@ class Index:
     @classmethod
     def of(cls, hashes: I64) -> Index:
         order = np.argsort(hashes, kind="stable")
+        return cls._sorted(hashes[order], order.astype(np.int32))
+
+    @classmethod
+    def _sorted(cls, keys: I64, rows: I32) -> Index:
         size = 64
-        while size < 8 * hashes.size:
+        while size < 8 * keys.size:
             size *= 2
         present = np.zeros(size, dtype=np.bool_)
-        present[hashes & (size - 1)] = True
-        bits = np.packbits(present, bitorder="little")
-        return cls(hashes[order], order.astype(np.int32), bits)
+        present[keys & (size - 1)] = True
+        return cls(keys, rows, np.packbits(present, bitorder="little"))
+
+    def take(self, rows: I64, size: int) -> Index:
+        """The index of the given rows (in order) of its ``size`` rows, renumbered from
+        0: no sort, the order is kept."""
+        renumbered = np.full(size, -1, dtype=np.int32)
+        renumbered[rows] = np.arange(rows.size, dtype=np.int32)
+        new = renumbered[self.rows]
+        kept = new >= 0
+        return Index._sorted(self.keys[kept], new[kept])
+
+    @classmethod
+    def merged(cls, parts: Sequence[tuple[int, Index]]) -> Index:
+        """The indexes of chunks (each with its number of rows) one after another: a
+        stable sort of sorted runs, near linear (rows of equal hashes stay in row order,
+        as :meth:`of` leaves them)."""
+        shifts = np.cumsum([0] + [size for size, _ in parts[:-1]])
+        keys = np.concatenate([index.keys for _, index in parts])
+        rows = np.concatenate(
+            [index.rows + np.int32(shift) for (_, index), shift in zip(parts, shifts, strict=True)]
+        )
+        order = np.argsort(keys, kind="stable")
+        return cls._sorted(keys[order], rows[order])
 
     def may_hold(self, hashes: I64) -> npt.NDArray[np.bool_]:
         """False for hashes surely absent (true for those present, and a few others)."""
@@ -108,10 +133,20 @@ class Chunk:
     attribute_values: npt.NDArray[Any] | None = None
     """The distinct codes that :attr:`attributes` indexes (None: it holds the codes):
     an attribute has few values, so each takes a byte (:func:`dictionary`)."""
+    first_ms: int = 0
+    last_ms: int = -1
+    """The earliest and latest impression time of its rows (live or not): a scan by
+    time passes over the chunks outside its span without reading them."""
 
     def __post_init__(self) -> None:
         if self.attribute_values is None:
             self.attributes, self.attribute_values = dictionary(self.attributes)
+        if self.ts.size:
+            self.first_ms, self.last_ms = int(self.ts.min()), int(self.ts.max())
+
+    def within(self, after_ms: int, through_ms: int) -> bool:
+        """Whether some of its rows may be of a time in ``(after_ms, through_ms]``."""
+        return self.first_ms <= through_ms and self.last_ms > after_ms
 
     def attribute_codes(self, rows: I64 | None = None) -> Ragged:
         """The attribute values of the given rows (all: None) as codes of the book."""
@@ -186,8 +221,8 @@ class Chunk:
             self.items.take(rows),
             self.attributes.take(rows),
             self.shadow.take(rows),
-            Index.of(self.by_id.per_row()[rows]),
-            Index.of(self.by_user.per_row()[rows]),
+            self.by_id.take(rows, self.size),
+            self.by_user.take(rows, self.size),
             int(self.alive[rows].sum()),
             self.attribute_values,
         )
@@ -198,9 +233,7 @@ class Chunk:
             Ragged.concat([getattr(p, n) for p in parts]) for n in RAGGED if n != "attributes"
         )
         attributes = Ragged.concat([p.attribute_codes() for p in parts])
-        by_id, by_user = (
-            np.concatenate([getattr(p, n).per_row() for p in parts]) for n in _INDEXED
-        )
+        by_id, by_user = (Index.merged([(p.size, getattr(p, n)) for p in parts]) for n in _INDEXED)
         return Chunk(
             np.concatenate([p.ts for p in parts]),
             np.concatenate([p.labels for p in parts]),
@@ -211,8 +244,8 @@ class Chunk:
             items,
             attributes,
             shadow,
-            Index.of(by_id),
-            Index.of(by_user),
+            by_id,
+            by_user,
             sum(p.live for p in parts),
         )
 

@@ -201,13 +201,17 @@ def _reopen_tables(state: PartitionState, tables: list[tuple[str, bytes]], deadl
     a segment's rows."""
     through = state.finalised_ms
     judged = state.delay_ms if state.judged_delay_ms is None else state.judged_delay_ms
+    opened = []
     for name, raw in tables:
         chunk = decode_segment(raw)
         state.segments.append((deadline(int(chunk.ts.max())), name))
         live = ~np.array(state.markers.finalised(chunk.ids.texts(np.arange(chunk.size))), bool)
         if through is not None:
             live &= chunk.ts + judged > through
-        state.requests.add(chunk.take(np.flatnonzero(live)))
+        chunk.alive &= live
+        chunk.live = int(chunk.alive.sum())
+        opened.append(chunk)
+    state.requests.add_many(opened)
 
 
 def _reopen(state: PartitionState, rows: list[list[Any]]) -> None:
