@@ -93,7 +93,8 @@ def test_open_table_answers_as_a_dict_of_requests(
     if collide:
         for module in (columns, chunks, segments):
             monkeypatch.setattr(module, "hashes_of", lambda values, n: np.full(n, 7, np.int64))
-    monkeypatch.setattr(columns, "CHUNK_ROWS", 64)
+    monkeypatch.setattr(columns, "SMALL_ROWS", 4)
+    monkeypatch.setattr(columns, "CHUNK_ROWS", 4 * columns.FAN**2)
     rng = random.Random(seed)
     table, reference = OpenTable(), {}
     made = 0
@@ -361,6 +362,7 @@ def test_scans_by_time_pass_over_chunks_only_outside_their_span(
     """Chunks of disjoint time spans (as arrival order leaves them): ``due``, ``peek``
     and ``count_due`` at every boundary (a chunk's first and last time, and one either
     side) find exactly the requests of their span."""
+    monkeypatch.setattr(columns, "SMALL_ROWS", 16)
     monkeypatch.setattr(columns, "CHUNK_ROWS", 16)
     rng = random.Random(3)
     table, times = OpenTable(), {}
@@ -388,6 +390,7 @@ def test_a_new_owner_adds_many_chunks_at_once_as_one_by_one(
 ) -> None:
     """A load's chunks (some rows already final) go in together: the same open requests
     as adding them one by one, in chunks of at most ``CHUNK_ROWS`` live rows."""
+    monkeypatch.setattr(columns, "SMALL_ROWS", 16)
     monkeypatch.setattr(columns, "CHUNK_ROWS", 16)
     rng = random.Random(4)
     book = Codebook()
@@ -407,3 +410,29 @@ def test_a_new_owner_adds_many_chunks_at_once_as_one_by_one(
     assert len(together) == sum(c.live for c in parts)
     assert all(c.live == c.size <= 16 for c in together.chunks)
     assert len(together.chunks) <= -(-len(together) // 8) + 1  # groups nearly full
+
+
+def test_chunks_grow_by_sizes_so_a_long_window_keeps_few(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Many small batches, none closed: new rows merge binary-counter style up to
+    ``SMALL_ROWS``, then ``FAN`` chunks of a size into one, up to ``CHUNK_ROWS``; the
+    chunks stay few (a handful per size, the rest full) and the table answers as one
+    built at once."""
+    monkeypatch.setattr(columns, "SMALL_ROWS", 4)
+    monkeypatch.setattr(columns, "CHUNK_ROWS", 4 * columns.FAN**2)
+    rng = random.Random(6)
+    table, made = OpenTable(), 0
+    while made < 2_000:
+        batch = [row(made + k, rng) for k in range(rng.randrange(1, 4))]
+        made += len(batch)
+        table.append(batch)
+    sizes = [c.live for c in table.chunks]
+    full = sum(size >= columns.CHUNK_ROWS // 2 for size in sizes)
+    assert full >= 2_000 // (columns.CHUNK_ROWS * 2)  # the largest size is reached
+    assert len(sizes) - full <= 2 * (columns.FAN - 1) + 4  # a few of each smaller size
+    assert max(sizes) < columns.CHUNK_ROWS * 2
+    reference = {r.request_id: r for r in table.all()}
+    assert len(reference) == made
+    ids = list(reference)
+    assert table.contains(ids) == [True] * made

@@ -37,13 +37,18 @@ from evaluator.core.tokens import Spans
 from evaluator.engine.chunks import I64, Chunk, Row, hashes_of, span_codes
 from evaluator.engine.codebook import NONE, Codebook
 
-CHUNK_ROWS = 1 << 20
-"""Rows per chunk at most. A lookup searches every chunk, so their number must stay
-small whatever the attribution window: a partition open for 24 h at 250 requests/s
-holds 21.6 million, about 21 full chunks and a few small ones (at 16,384 rows a chunk,
-1,300, and each lookup cost more than the rest of an event's work). Merges keep the
-hashes' order (no sort), so a row's copies cost the same at any size; a chunk mostly
-finalised is rewritten with its live rows."""
+SMALL_ROWS = 16_384
+"""New rows are merged binary-counter style into chunks of up to this many."""
+FAN = 8
+"""Chunks of one size are merged ``FAN`` at a time into one ``FAN`` times as large."""
+CHUNK_ROWS = SMALL_ROWS * FAN * FAN
+"""Rows of the largest chunks (1,048,576). A lookup searches every chunk, so their
+number must stay small whatever the attribution window: a partition open for 24 h at
+250 requests/s holds 21.6 million, about 21 full chunks and a few smaller ones (at
+16,384 rows a chunk, 1,300, and each lookup cost more than the rest of an event's
+work). Past :data:`SMALL_ROWS` a row is copied once per size (twice in all), in
+merges of ``FAN`` chunks whose arrays are large; merges keep the hashes' order (no
+sort); a chunk mostly finalised is rewritten with its live rows."""
 RECODE_AT = 1 << 19
 """Codebook entries before the codes of live rows are counted and the book rebuilt
 (when it holds four times as many as are in use): a churning catalog stays bounded."""
@@ -101,9 +106,25 @@ class OpenTable:
         # row is copied a logarithmic number of times), dropping finished rows
         while len(chunks) >= 2 and chunks[-2].live <= chunks[-1].live:
             a, b = chunks[-2], chunks[-1]
-            if a.live + b.live > CHUNK_ROWS:
+            if a.live + b.live > SMALL_ROWS:
                 break
             chunks[-2:] = [Chunk.concat([_live_part(a), _live_part(b)])]
+        self._gather()
+
+    def _gather(self) -> None:
+        """Merge the newest chunks of one size, :data:`FAN` of them, into one (sizes
+        from :data:`SMALL_ROWS` up to :data:`CHUNK_ROWS`)."""
+        chunks = self.chunks
+        size = SMALL_ROWS
+        while size < CHUNK_ROWS:
+            n = 0
+            for chunk in reversed(chunks):
+                if not size // 2 <= chunk.live < size * FAN // 2:
+                    break
+                n += 1
+            if n >= FAN:
+                chunks[-n:] = [Chunk.concat([_live_part(c) for c in chunks[-n:]])]
+            size *= FAN
 
     def add_many(self, chunks: Sequence[Chunk]) -> None:
         """:meth:`add` of many chunks (a new owner's load): each row copied once, into
