@@ -26,7 +26,8 @@ the open requests (every code changes, and the changelog is rewritten:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import chain
 from typing import NamedTuple
 
 import numpy as np
@@ -126,12 +127,13 @@ class OpenTable:
                 chunks[-n:] = [Chunk.concat([_live_part(c) for c in chunks[-n:]])]
             size *= FAN
 
-    def add_many(self, chunks: Sequence[Chunk]) -> None:
+    def add_many(self, chunks: Iterable[Chunk]) -> None:
         """:meth:`add` of many chunks (a new owner's load): each row copied once, into
-        chunks of up to :data:`CHUNK_ROWS` rows."""
+        chunks of up to :data:`CHUNK_ROWS` rows. ``chunks`` is read as it goes: at most
+        one chunk's worth of them is held at a time."""
         group: list[Chunk] = []
         rows = 0
-        for chunk in [c for c in chunks if c.live] + [None]:
+        for chunk in chain((c for c in chunks if c.live), [None]):
             if group and (chunk is None or rows + chunk.live > CHUNK_ROWS):
                 parts = [_live_part(c) for c in group]
                 self.add(parts[0] if len(parts) == 1 else Chunk.concat(parts))

@@ -11,13 +11,14 @@ segment's entry has expired once its deadline is before the expiry bound
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from itertools import chain
 from typing import Any
 
 import numpy as np
 
 from evaluator.core.due import PendingInteraction
+from evaluator.engine.chunks import Chunk
 from evaluator.engine.codebook import Codebook
 from evaluator.engine.columns import OpenTable
 from evaluator.engine.records import decode
@@ -201,17 +202,20 @@ def _reopen_tables(state: PartitionState, tables: list[tuple[str, bytes]], deadl
     a segment's rows."""
     through = state.finalised_ms
     judged = state.delay_ms if state.judged_delay_ms is None else state.judged_delay_ms
-    opened = []
-    for name, raw in tables:
-        chunk = decode_segment(raw)
-        state.segments.append((deadline(int(chunk.ts.max())), name))
-        live = ~np.array(state.markers.finalised(chunk.ids.texts(np.arange(chunk.size))), bool)
-        if through is not None:
-            live &= chunk.ts + judged > through
-        chunk.alive &= live
-        chunk.live = int(chunk.alive.sum())
-        opened.append(chunk)
-    state.requests.add_many(opened)
+
+    def opened() -> Iterator[Chunk]:  # decoded as they are added: one group held at once
+        for name, raw in tables:
+            chunk = decode_segment(raw)
+            state.segments.append((deadline(int(chunk.ts.max())), name))
+            ids = chunk.ids.texts(np.arange(chunk.size))
+            live = ~np.array(state.markers.finalised(ids), bool)
+            if through is not None:
+                live &= chunk.ts + judged > through
+            chunk.alive &= live
+            chunk.live = int(chunk.alive.sum())
+            yield chunk
+
+    state.requests.add_many(opened())
 
 
 def _reopen(state: PartitionState, rows: list[list[Any]]) -> None:
