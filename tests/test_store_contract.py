@@ -1016,3 +1016,99 @@ def test_regression_history_sums_each_slot_and_is_bounded_by_event_time(make_sto
         assert len(store._history) == alive
     elif make_store.kind == "redis":  # deleted by event time, not left to their TTL
         assert sum(len(store.client.keys(f"{store.tag(p)}rh:*")) for p in range(3)) == alive
+
+
+def test_blocks_sum_every_owners_checkpoints_and_no_refused_one(make_store) -> None:
+    """The window and experiment blocks equal the sum of what every written checkpoint's
+    requests add, through one owner's checkpoints in a row (Redis: the owner adds to
+    the totals it wrote last and sends the sums, ``adapters/redis/totals.py``), a
+    new owner on another store object (another process: it reads the stored totals),
+    and writes refused as stale or fenced (they add nothing, also to the owner's
+    next write)."""
+    layout = SETTINGS.layout()
+    expected: dict[tuple[int, int, str], np.ndarray] = {}
+    experiment: dict[str, np.ndarray] = {}
+
+    def added(done: list[Finalised]) -> None:
+        for d in done:
+            for n in range(len(d)):
+                variant = d.due.variant[n]
+                at = (d.cohort[n], d.user_bucket[n])
+                for window in layout.windows_ms:
+                    start = int(layout.bucket_start(window, np.array([d.deadline_ms[n]]))[0])
+                    key = (window, start, variant)
+                    block = expected.setdefault(key, np.zeros((2, layout.user_buckets, 1)))
+                    block[at] += d.rows[n, :1]
+                block = experiment.setdefault(variant, np.zeros((2, layout.user_buckets, 1)))
+                block[at] += d.rows[n, :1]
+
+    def step(owner: Driver, n: int, expect: Outcome = Outcome.WRITTEN) -> None:
+        """Requests of 3 users at one time, finalised in one checkpoint: no reload."""
+        ts = 1_000 + 40_000 * n
+        rows = [(f"r{n}-{u}", f"u{u}", ts + u, ["a", "b"]) for u in range(3)]
+        owner.engine.ingest(impressions(*rows), interactions())
+        owner.engine.watermark_ms = CONFIG.deadline(ts + 10)
+        done = owner.engine.finalise_due()
+        assert finalised(done) == 3
+        delta, _ = owner.take(done)
+        assert owner.store.checkpoint(owner.partition, owner.epoch, owner.seq, delta) is expect
+        if expect is Outcome.WRITTEN:
+            owner.seq += 1
+            added(done)
+
+    store = make_store(layout)
+    first = Driver(store)
+    for n in range(4):  # one owner, checkpoints in a row (some in the same buckets)
+        step(first, n)
+    # a new owner in another process (the embedded store is one process's own)
+    second = Driver(store if make_store.kind == "memory" else make_store(layout))
+    for n in range(4, 7):
+        step(second, n)
+    second.seq += 1  # as if a write the store did not get: refused as stale, adds nothing
+    step(second, 7, Outcome.STALE)
+    second.seq -= 1  # the same owner's next write, in sequence (no reload)
+    step(second, 8)
+    Driver(store)  # a newer owner: the second one's next write is fenced
+    step(second, 9, Outcome.FENCED)
+    third = Driver(store)  # the store that held the first owner's totals
+    for n in range(10, 13):
+        step(third, n)
+    for window in layout.windows_ms:
+        found = {(window, start, v): b[..., :1] for (start, v), b in store.blocks(window).items()}
+        want = {k: v for k, v in expected.items() if k[0] == window}
+        assert found.keys() == want.keys()
+        for key, block in want.items():
+            assert np.array_equal(found[key], block), key
+    got = store.experiment_blocks("default")
+    assert got.keys() == experiment.keys()
+    for variant, block in experiment.items():
+        assert np.array_equal(got[variant][..., :1], block)
+    assert sum(float(b.sum()) for b in experiment.values()) == 3 * 11
+
+
+def test_a_history_array_deleted_as_it_is_written_starts_again_from_zero(make_store) -> None:
+    """A checkpoint whose history arrays lie further apart than the history's length
+    deletes the older ones as it writes them (bounded by event time); one written
+    again later holds only what came since (Redis: its owner does not add to the
+    total it wrote and the script deleted)."""
+    from evaluator.core.regression import HOUR_MS
+    from evaluator.engine.commit_payload import history_name, history_shape
+
+    layout = SETTINGS.layout()
+    store = make_store(layout)
+    owner = Driver(store)
+    shape = history_shape(layout, history_name(layout, (0, "A")))
+    old, new = HOUR_MS, (layout.history_keep_ms // HOUR_MS + 3) * HOUR_MS
+
+    def write(provisional: dict) -> None:
+        delta = Delta({}, {}, {}, {}, new, 0, new, [], provisional=provisional)
+        assert store.checkpoint(0, owner.epoch, owner.seq, delta) is Outcome.WRITTEN
+        owner.seq += 1
+
+    write({(old, "A"): np.ones(shape), (new, "A"): np.ones(shape)})
+    assert store.history(0).keys() == {(new, "A")}
+    write({(old, "A"): np.full(shape, 2.0)})
+    found = store.history(0)
+    assert found.keys() == {(old, "A"), (new, "A")}
+    assert np.array_equal(found[(old, "A")], np.full(shape, 2.0))
+    assert np.array_equal(found[(new, "A")], np.ones(shape))

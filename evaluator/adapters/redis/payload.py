@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from evaluator.adapters.redis.totals import Target
 from evaluator.core.windows import AggregateLayout
 from evaluator.engine.checkpoint import Delta
 from evaluator.engine.commit_payload import (
@@ -36,6 +37,9 @@ class CheckpointArgs:
     lengths: bytes
     names: bytes
     values: bytes
+    targets: tuple[Target, ...] = ()
+    """The arrays that :attr:`increments`, :attr:`cumulative` and :attr:`history` add to,
+    in that order (the store sends their totals: :mod:`evaluator.adapters.redis.totals`)."""
 
 
 def _framed(changes: Mapping[str, bytes | None]) -> tuple[bytes, bytes, bytes]:
@@ -110,6 +114,12 @@ def checkpoint_args(delta: Delta, layout: AggregateLayout) -> CheckpointArgs:
         exposures,
         [x for k, a in history.items() for x in (history_name(layout, k), k[0], a.size)],
     )
+    nblock = int(np.prod(layout.block_shape))
+    targets = [Target(f"b:{b[0]}", nblock, True) for b in blocks]
+    targets += [Target(f"x:{key}", nblock, True) for key in cumulative]
+    targets += [
+        Target(f"rh:{history_name(layout, k)}", a.size, False, k[0]) for k, a in history.items()
+    ]
     return CheckpointArgs(
         msgspec.msgpack.encode(payload),
         b"".join(increments),
@@ -118,4 +128,5 @@ def checkpoint_args(delta: Delta, layout: AggregateLayout) -> CheckpointArgs:
         lengths,
         names,
         values,
+        tuple(targets),
     )

@@ -23,15 +23,14 @@ from collections.abc import Sequence
 from importlib import resources
 from typing import Any, cast
 
-import numpy as np
 from redis.exceptions import NoScriptError
 
 from evaluator.adapters.redis.block_cache import BlockCache
 from evaluator.adapters.redis.blocks import read_blocks, text
 from evaluator.adapters.redis.connection import Client, access_errors, connect
 from evaluator.adapters.redis.history import HistoryReader
-from evaluator.adapters.redis.payload import checkpoint_args
 from evaluator.adapters.redis.sketches import CoverageSketches
+from evaluator.adapters.redis.writes import CheckpointWriter
 from evaluator.config import ConfigError
 from evaluator.core.experiments import SEP
 from evaluator.core.propensity.estimation import (
@@ -101,6 +100,14 @@ class RedisStore:
         self._blocks = BlockCache(layout)
         self._history = HistoryReader(client, self.tag)
         self._sketches = CoverageSketches(client, layout, prefix, self.block_ttl_s, self._execute)
+        self._writer = CheckpointWriter(
+            client,
+            self.tag,
+            self._call,
+            self._execute,
+            sketches=self._sketches,
+            propensity_history_ms=propensity_history_ms,
+        )
 
     def tag(self, shard: int) -> str:
         return f"{{{self.prefix}:{shard}}}:"
@@ -202,52 +209,9 @@ class RedisStore:
         return self.checkpoint_many([PartitionWrite(partition, epoch, seq, delta)])[0]
 
     def checkpoint_many(self, writes: Sequence[PartitionWrite]) -> list[Outcome]:
-        """Two exchanges for a poll's checkpoints, whatever their number: the coverage
-        sketches of all of them (a sketch that several partitions touched is merged
-        once) with each partition's receipt, then one script call per partition."""
-        if not writes:
-            return []
-        # sketches: a retry or a fenced write adds nothing twice; their receipt must
-        # still be there when the checkpoint runs (not lost with them to a restart)
-        receipts = [(self.tag(w.partition) + "pm", "sk", f"{w.epoch}:{w.seq}") for w in writes]
-        touched = self._sketches.add(
-            [(w.delta.finalised, receipt) for w, receipt in zip(writes, receipts, strict=True)]
-        )
-        pipe = self.client.pipeline(transaction=False)
-        for w, receipt, mine in zip(writes, receipts, touched, strict=True):
-            self._queue_checkpoint(pipe, w, receipt[2] if mine else "")
-        replies = [int(reply) for reply in self._execute(pipe)]
-        return [
-            Outcome.WRITTEN if r == 1 else Outcome.FENCED if r == 0 else Outcome.STALE
-            for r in replies
-        ]
-
-    def _queue_checkpoint(self, pipe: Any, write: PartitionWrite, receipt: str) -> None:
-        tag = self.tag(write.partition)
-        args = checkpoint_args(write.delta, self.layout)
-        self._call(
-            pipe,
-            "checkpoint",
-            tag + "pm",
-            [
-                tag,
-                write.epoch,
-                args.payload,
-                int(np.prod(self.layout.block_shape)),
-                args.increments,
-                self.propensity_history_ms,
-                write.seq,
-                args.lengths,
-                args.cumulative,
-                receipt,
-                args.names,
-                args.values,
-                2 * self.layout.local_buckets,
-                args.history,
-                0,  # unused (each history array's doubles are in the payload)
-                self.layout.history_keep_ms,
-            ],
-        )
+        """Two exchanges for a poll's checkpoints, whatever their number
+        (:class:`~evaluator.adapters.redis.writes.CheckpointWriter`)."""
+        return self._writer.write(writes, self.layout)
 
     def _partition_meta(self) -> list[dict[str, str]]:
         pipe = self.client.pipeline(transaction=False)

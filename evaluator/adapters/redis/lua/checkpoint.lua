@@ -1,27 +1,28 @@
 -- One partition's checkpoint after a batch, atomically and only for its current owner:
 -- the changelog delta of its join state, its offsets and event time, its exactly-once
--- counters and the window-aggregate increments of the requests it finalised.
+-- counters and the window aggregates with the requests it finalised: the totals of
+-- each array it adds to, summed by the owner (totals.py), so this script copies bytes.
 -- KEYS[1] = <tag>pm (partition meta: epoch, offsets, event times)
 -- ARGV[1] = key prefix with tag   ARGV[2] = the writer's epoch
 -- ARGV[3] = msgpack {{}, {deleted field, ...}, {meta field, value, ...},
 --           {counter, increment, ...}, {block suffix, bucket start, ttl s, window ms}...,
 --           {day, {propensity field, increment, ...}, ...}, {variant, ...},
 --           {experiment US variant, ...}, {experiment US variant, users, ...}}
--- ARGV[4] = doubles per block   ARGV[5] = the blocks' increments (little-endian doubles,
+-- ARGV[4] = doubles per block   ARGV[5] = the blocks' totals (little-endian doubles,
 --           one block after another)   ARGV[6] = propensity history ms
 -- ARGV[7] = checkpoints the writer has written (seq): this one must follow it
 -- ARGV[8] = per changelog field written, its name's and value's length in bytes
 --           (little-endian uint32 pairs); ARGV[11] and ARGV[12]: the names, and the
 --           values, each concatenated (raw bytes: three arguments instead of two per
 --           field, which the client would pack one by one)
--- ARGV[9] = the increments of each experiment's cumulative block (as ARGV[5]), in the
+-- ARGV[9] = the totals of each experiment's cumulative block (as ARGV[5]), in the
 --           order of data[8]; data[9]: users first exposed per experiment and variant
 -- ARGV[10] = the receipt (epoch:seq) that this checkpoint's coverage-sketch writes left in
 --           'sk', set after them; '' when it wrote none. Missing: Redis lost them
 --           (restarted from an older AOF between the two), so this must not be applied.
--- ARGV[13] = rows per block (a stored block with fewer doubles per row was written
---           before columns were added: widened, lib.lua)
--- ARGV[14] = the regression history's increments (doubles, as ARGV[5]), in the order of
+-- ARGV[13] = unused (was the rows per block, when this script widened old blocks: the
+--           owner reads them widened now)
+-- ARGV[14] = the regression history's totals (doubles, as ARGV[5]), in the order of
 --           data[10] ({name, hour start, doubles, ...}); ARGV[15] = unused (was the
 --           doubles per history array); ARGV[16] = the history kept, ms of event time
 -- Returns 1 when written; otherwise writes nothing and returns 0 when a newer owner has
@@ -51,18 +52,17 @@ chunked('HDEL', state, data[2])
 chunked('HSET', KEYS[1], data[3])
 local counters = data[4]
 for i = 1, #counters, 2 do redis.call('HINCRBY', p .. 'c', counters[i], counters[i + 1]) end
-local rows = tonumber(ARGV[13])
-if #data[5] > 0 then add_blocks(p, data[5], ARGV[5], tonumber(ARGV[4]), rows) end
+if #data[5] > 0 then set_blocks(p, data[5], ARGV[5], tonumber(ARGV[4])) end
 if #data[6] > 0 then add_propensity(p, data[6], tonumber(ARGV[6])) end
 for _, variant in ipairs(data[7]) do redis.call('SADD', p .. 'vars', variant) end
 local nblock = tonumber(ARGV[4])
 for i, key in ipairs(data[8]) do  -- cumulative since the experiment's start: no TTL
-  add_block(p .. 'x:' .. key, ARGV[9], (i - 1) * nblock * 8 + 1, nblock, nil, rows)
+  set_block(p .. 'x:' .. key, ARGV[9], (i - 1) * nblock * 8 + 1, nblock, nil)
   redis.call('SADD', p .. 'xv', key)
 end
 local history = data[10]
 if history and #history > 0 then
-  add_history(p, history, ARGV[14], tonumber(ARGV[16]))
+  set_history(p, history, ARGV[14], tonumber(ARGV[16]))
 end
 local exposed = data[9]
 for i = 1, #exposed, 2 do redis.call('HINCRBY', p .. 'xu', exposed[i], exposed[i + 1]) end

@@ -72,49 +72,19 @@ local function epochs_around(times, length, before, after, prefix)
   end
   return list
 end
--- add per-block increments (blocks: {suffix, bucket start, ttl s, window ms}; incs: the
--- little-endian doubles of each block in turn) to the blocks of prefix `p`, recording
--- each in its window's index (bi:) and change log (mod:, by a per-prefix version)
-local BLOCK_CHUNK = 4000  -- doubles unpacked at once (Lua's unpack limit is ~8000)
--- a block of `rows` rows written before columns were added, with zeros appended to
--- each row up to `nblock` doubles in all (the added columns' sums start at 0)
-local function widen(cur, rows, nblock)
-  local have, want = #cur / 8 / rows, nblock / rows
-  if have > want then
-    error('a stored block is wider than this version\'s rows: a newer version grew the layout')
-  end
-  local pad, parts = string.rep('\0', (want - have) * 8), {}
-  for r = 0, rows - 1 do
-    parts[#parts + 1] = string.sub(cur, r * have * 8 + 1, (r + 1) * have * 8)
-    parts[#parts + 1] = pad
-  end
-  return table.concat(parts)
+-- write the totals of blocks (blocks: {suffix, bucket start, ttl s, window ms}; totals:
+-- the little-endian doubles of each block in turn, summed by the partition's owner,
+-- evaluator/adapters/redis/totals.py) of prefix `p`, recording each in its window's
+-- index (bi:) and change log (mod:, by a per-prefix version)
+local function set_block(key, totals, at, nblock, ttl)  -- ttl nil: kept until deleted
+  local value = string.sub(totals, at, at + nblock * 8 - 1)
+  if ttl then redis.call('SET', key, value, 'EX', ttl) else redis.call('SET', key, value) end
 end
-local function add_block(key, incs, at, nblock, ttl, rows)
-  local cur = redis.call('GET', key)
-  local function set(value)  -- ttl nil: kept until deleted
-    if ttl then redis.call('SET', key, value, 'EX', ttl) else redis.call('SET', key, value) end
-  end
-  if not cur then  -- a new block is its increments, bytes as they are
-    set(string.sub(incs, at, at + nblock * 8 - 1))
-    return
-  end
-  if #cur ~= nblock * 8 then cur = widen(cur, rows, nblock) end
-  local parts = {}
-  for off = 0, nblock - 1, BLOCK_CHUNK do
-    local n = math.min(BLOCK_CHUNK, nblock - off)
-    local fmt = '<' .. string.rep('d', n)
-    local inc, vals = {struct.unpack(fmt, incs, at + off * 8)}, {struct.unpack(fmt, cur, 1 + off * 8)}
-    for j = 1, n do inc[j] = inc[j] + vals[j] end
-    parts[#parts + 1] = struct.pack(fmt, unpack(inc, 1, n))
-  end
-  set(table.concat(parts))
-end
-local function add_blocks(p, blocks, incs, nblock, rows)
+local function set_blocks(p, blocks, totals, nblock)
   local version = redis.call('INCR', p .. 'ver')
   local oldest = {}
   for i, b in ipairs(blocks) do
-    add_block(p .. 'b:' .. b[1], incs, (i - 1) * nblock * 8 + 1, nblock, b[3], rows)
+    set_block(p .. 'b:' .. b[1], totals, (i - 1) * nblock * 8 + 1, nblock, b[3])
     redis.call('ZADD', p .. 'bi:' .. b[4], b[2], b[1])
     redis.call('ZADD', p .. 'mod:' .. b[4], version, b[1])
     local cutoff = b[2] - 2 * b[4]
@@ -134,15 +104,15 @@ local function add_blocks(p, blocks, incs, nblock, rows)
     end
   end
 end
--- add the regression history's arrays (hist: {name, hour start, doubles, ...}; incs:
--- their little-endian doubles in turn) to prefix `p`, indexed by hour in 'rhi';
+-- write the regression history's arrays (hist: {name, hour start, doubles, ...};
+-- totals: their little-endian doubles in turn) of prefix `p`, indexed by hour in 'rhi';
 -- arrays more than `keep` ms of event time behind the newest written are deleted
-local function add_history(p, hist, incs, keep)
+local function set_history(p, hist, totals, keep)
   local index, ttl = p .. 'rhi', math.floor(keep / 1000) + 86400
   local newest
   local at = 1
   for i = 1, #hist, 3 do
-    add_block(p .. 'rh:' .. hist[i], incs, at, hist[i + 2], ttl, nil)
+    set_block(p .. 'rh:' .. hist[i], totals, at, hist[i + 2], ttl)
     at = at + hist[i + 2] * 8
     redis.call('ZADD', index, hist[i + 1], hist[i])
     if not newest or hist[i + 1] > newest then newest = hist[i + 1] end
