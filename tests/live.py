@@ -106,7 +106,9 @@ class LiveEnv:
     ) -> subprocess.Popen[bytes]:
         """``evaluator run`` of this checkout, or of the package in ``tree`` (another
         release: it gets no ``kafka.client``, which releases before it lack)."""
-        env = {**os.environ, **self.environ, "EVALUATOR_HTTP__PORT": str(http_port or free_port())}
+        # port 0 unless one is asked for: the OS picks a free one as the server binds (a
+        # port found free beforehand may be taken by then, e.g. by a client's socket)
+        env = {**os.environ, **self.environ, "EVALUATOR_HTTP__PORT": str(http_port or 0)}
         env.update(overrides or {})
         if tree is not None:
             env["PYTHONPATH"] = str(tree)

@@ -45,6 +45,13 @@ def _driver():
     return webdriver.Chrome(service=Service(driver), options=options)
 
 
+def _stale() -> tuple[type[Exception], ...]:
+    """What a wait retries: an element a redraw replaced between finding and reading it."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    return (StaleElementReferenceException,)
+
+
 def test_dashboard_renders_live_values(demo_server, tmp_path) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -52,7 +59,7 @@ def test_dashboard_renders_live_values(demo_server, tmp_path) -> None:
     browser = _driver()
     try:
         browser.get(demo_server)
-        wait = WebDriverWait(browser, 60, poll_frequency=0.5)
+        wait = WebDriverWait(browser, 60, poll_frequency=0.5, ignored_exceptions=_stale())
         wait.until(lambda b: b.execute_script("return document.body.dataset.ready") == "true")
         # ... and until the A/B band and both variants' lines are drawn
         wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "#ab-chart path.band")) >= 1)
@@ -123,7 +130,7 @@ def test_dashboard_draws_the_interleaving_preference(tmp_path) -> None:
         browser = _driver()
         try:
             browser.get(base + "/")
-            wait = WebDriverWait(browser, 90, poll_frequency=0.5)
+            wait = WebDriverWait(browser, 90, poll_frequency=0.5, ignored_exceptions=_stale())
             # the band, and a line of several snapshots
             wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "#il-chart path.band")) >= 1)
             wait.until(
@@ -178,7 +185,7 @@ def test_dashboard_marks_a_variant_in_regression() -> None:
     browser = _driver()
     try:
         browser.get(f"http://127.0.0.1:{server.server_address[1]}/")
-        wait = WebDriverWait(browser, 30, poll_frequency=0.5)
+        wait = WebDriverWait(browser, 30, poll_frequency=0.5, ignored_exceptions=_stale())
         wait.until(lambda b: b.execute_script("return document.body.dataset.ready") == "true")
         marks = browser.find_elements(By.CSS_SELECTOR, "#ndcg-legend .regression")
         assert len(marks) == 1

@@ -1112,3 +1112,23 @@ def test_a_history_array_deleted_as_it_is_written_starts_again_from_zero(make_st
     assert found.keys() == {(old, "A"), (new, "A")}
     assert np.array_equal(found[(old, "A")], np.full(shape, 2.0))
     assert np.array_equal(found[(new, "A")], np.ones(shape))
+
+
+def test_two_writes_of_a_partition_in_one_call_both_count(make_store) -> None:
+    """``checkpoint_many`` with a partition's two checkpoints in sequence: the second
+    adds to the first (Redis: to the totals the first computed)."""
+    store = make_store(SETTINGS.layout())
+    owner = Driver(store)
+    writes = []
+    for n in range(2):
+        ts = 1_000 + n
+        owner.engine.ingest(impressions((f"r{n}", f"u{n}", ts, ["a"])), interactions())
+        owner.engine.watermark_ms = CONFIG.deadline(ts)
+        delta, _ = owner.take(owner.engine.finalise_due())
+        assert finalised(delta.finalised) == 1
+        writes.append(PartitionWrite(0, owner.epoch, owner.seq + n, delta))
+    assert store.checkpoint_many(writes) == [Outcome.WRITTEN, Outcome.WRITTEN]
+    window = max(SETTINGS.layout().windows_ms)
+    blocks = store.blocks(window)
+    assert sum(float(b[..., 0].sum()) for b in blocks.values()) == 2
+    assert sum(float(b[..., 0].sum()) for b in store.experiment_blocks("default").values()) == 2

@@ -45,6 +45,11 @@ class CheckpointWriter:
         each partition's receipt, then one script call per partition."""
         if not writes:
             return []
+        seen: set[int] = set()
+        for n, w in enumerate(writes):  # a partition's second write adds to its first's
+            if w.partition in seen:
+                return self.write(writes[:n], layout) + self.write(writes[n:], layout)
+            seen.add(w.partition)
         # sketches: a retry or a fenced write adds nothing twice; their receipt must
         # still be there when the checkpoint runs (not lost with them to a restart)
         receipts = [(self.tag(w.partition) + "pm", "sk", f"{w.epoch}:{w.seq}") for w in writes]
