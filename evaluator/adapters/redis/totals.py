@@ -16,8 +16,8 @@ owners fence it by epoch), so the owner can hold what it wrote last and add to i
   totals, and so does a new owner epoch or a pause longer than :data:`HELD_S` (the
   keys' TTLs are longer);
 - the sums are the same IEEE additions the script made, in the same order, so the
-  stored values are bit for bit what adding in Redis gave. Pure apart from the read
-  callback.
+  stored values are bit for bit what adding in Redis gave. No I/O: the
+  writer reads what is not held and passes it in.
 """
 
 from __future__ import annotations
