@@ -127,10 +127,35 @@ class LiveEnv:
         return RedisStore(client, self.settings().layout(self.partitions), prefix=self.name)
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port the evaluator can bind a moment later. Not one the kernel picks for port 0:
+    those come from the ephemeral range, where every outbound connection (the Kafka and
+    Redis clients) takes its local port, so one could take it before the evaluator
+    binds. Below that range, and never the same twice in a session."""
+    low, _ = _ephemeral_range()
+    for _ in range(1000):
+        port = random.randrange(max(1024, low - 12_000), low)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError("no free port below the ephemeral range")
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def new_env(
