@@ -81,6 +81,23 @@ class Spans(NamedTuple):
         key = None if self.key is None else self.key[index]
         return Spans(self.buf, self.start[index], self.length[index], off, key)
 
+    @staticmethod
+    def concat(parts: Sequence[Spans]) -> Spans:
+        """The owners of several spans one after another, in one buffer (keys kept when
+        every part has them)."""
+        if len(parts) == 1:
+            return parts[0]
+        shifts = np.cumsum([0] + [p.buf.size for p in parts[:-1]])
+        counts = np.concatenate([np.diff(p.off) for p in parts])
+        keys = [p.key for p in parts]
+        return Spans(
+            np.concatenate([p.buf for p in parts]),
+            np.concatenate([p.start + shift for p, shift in zip(parts, shifts, strict=True)]),
+            np.concatenate([p.length for p in parts]),
+            _offsets(counts),
+            None if any(k is None for k in keys) else np.concatenate(keys),  # type: ignore[arg-type]
+        )
+
 
 def hash_spans(spans: Spans, seed: int) -> I64:
     """A 64-bit keyed hash of each span's bytes (see the module docstring)."""

@@ -174,6 +174,32 @@ class Chunk:
             arrays.append(self.attribute_values)
         return sum(a.nbytes for a in arrays)
 
+    def find(self, rids: Sequence[str], hashes: I64) -> tuple[I64, I64]:
+        """The live rows holding some of ``rids`` (their ``hashes``): their indexes in
+        ``rids`` and rows. A hash found is checked against the stored id."""
+        keys = self.by_id.keys
+        none = np.zeros(0, dtype=np.int64)
+        maybe = np.flatnonzero(self.by_id.may_hold(hashes)) if keys.size else none
+        if not maybe.size:
+            return none, none
+        lo = np.searchsorted(keys, hashes[maybe])
+        hit = keys[np.minimum(lo, keys.size - 1)] == hashes[maybe]
+        found, lo = maybe[hit], lo[hit]
+        if not found.size:
+            return none, none
+        rows = self.by_id.rows[lo].astype(np.int64)
+        hi = np.searchsorted(keys, hashes[found], side="right")
+        if (hi - lo > 1).any():  # a collision: every row of the hash is a candidate
+            spans = [self.by_id.rows[a:b] for a, b in zip(lo, hi, strict=True)]
+            found = np.repeat(found, hi - lo)
+            rows = np.concatenate(spans).astype(np.int64)
+        live = self.alive[rows]
+        found, rows = found[live], rows[live]
+        same = _same_ids(self.ids.take(rows), [rids[i] for i in found.tolist()])
+        if same is not None:
+            found, rows = found[same], rows[same]
+        return found, rows
+
     @classmethod
     def of(cls, rows: Sequence[Row], book: Codebook, items: Ragged | None = None) -> Chunk:
         """The rows as a chunk coded with ``book``; ``items``: their items' codes
@@ -182,8 +208,8 @@ class Chunk:
         rids = [r[0] for r in rows]
         uids = [r[1] for r in rows]
         if items is None:
-            items = _codes([r[4] for r in rows], book)
-        attributes, shadow = (_codes([r[k] for r in rows], book) for k in (5, 7))
+            items = list_codes([r[4] for r in rows], book)
+        attributes, shadow = (list_codes([r[k] for r in rows], book) for k in (5, 7))
         labels = np.full((n, LABELS), NONE, dtype=np.int32)
         for column, k in enumerate((2, 8, 6)):  # variant, context, shadow variant
             labels[:, column] = book.encode([r[k] for r in rows])
@@ -340,7 +366,8 @@ def dictionary(part: Ragged) -> tuple[Ragged, npt.NDArray[Any] | None]:
     return Ragged(index, part.off), distinct.astype(flat.dtype)
 
 
-def _codes(lists: Sequence[Sequence[str]], book: Codebook) -> Ragged:
+def list_codes(lists: Sequence[Sequence[str]], book: Codebook) -> Ragged:
+    """The codes of lists of strings (one row per list), new strings added to ``book``."""
     codes = book.encode(list(chain.from_iterable(lists)) if lists else [])
     return Ragged.of(_narrow(codes, len(book)), list(map(len, lists)))
 
@@ -355,3 +382,16 @@ def _narrow(codes: npt.NDArray[Any], size: int, *, signed: bool = False) -> npt.
     open requests), else 32."""
     small = np.int16 if signed else np.uint16
     return codes.astype(small if size <= np.iinfo(small).max else np.int32)
+
+
+def _same_ids(stored: Ragged, wanted: list[str]) -> npt.NDArray[np.bool_] | None:
+    """Which stored ids (UTF-8 rows) equal the wanted ones (None: all do, the usual
+    answer, found with one comparison of the joined bytes when the lengths agree)."""
+    text = "".join(wanted)
+    sized = map(len, wanted) if text.isascii() else (len(w.encode()) for w in wanted)
+    lengths = np.fromiter(sized, dtype=np.int64, count=len(wanted))
+    joined = text.encode()
+    if np.array_equal(stored.lengths(), lengths) and stored.flat.tobytes() == joined:
+        return None
+    texts = stored.texts(np.arange(len(wanted), dtype=np.int64))
+    return np.array([a == b for a, b in zip(texts, wanted, strict=True)], dtype=np.bool_)

@@ -5,7 +5,8 @@ the partition's codebook, ids as bytes, and hash-sorted indexes for lookups by
 binary search. About a fifth of the memory of the objects it replaces (see
 BENCHMARKS.md), and batch-friendly: a lookup of many ids is one search per chunk.
 
-Rows are appended a batch at a time as a new chunk; small chunks are merged into
+Rows appended are held as they came (:mod:`evaluator.engine.newest`) until read as
+columns, then become one chunk (about once a checkpoint); small chunks are merged into
 larger ones (up to :data:`CHUNK_ROWS` rows), dropping the rows finalised in the
 meantime, so a chunk is a stretch of arrival order, which is nearly deadline order.
 A finished row is only marked dead; a chunk goes when all its rows have, and one
@@ -31,12 +32,12 @@ from itertools import chain
 from typing import NamedTuple
 
 import numpy as np
-import numpy.typing as npt
 
 from evaluator.core.due import Due, OpenRequest, Ragged, time_order
 from evaluator.core.tokens import Spans
 from evaluator.engine.chunks import I64, Chunk, Row, hashes_of, span_codes
 from evaluator.engine.codebook import NONE, Codebook
+from evaluator.engine.newest import Newest
 
 SMALL_ROWS = 16_384
 """New rows are merged binary-counter style into chunks of up to this many."""
@@ -76,7 +77,10 @@ class OpenTable:
 
     def __init__(self, book: Codebook | None = None) -> None:
         self.book = book or Codebook()
-        self.chunks: list[Chunk] = []
+        self._chunks: list[Chunk] = []
+        self._newest = Newest()
+        """Rows appended and not yet a chunk (:mod:`evaluator.engine.newest`)."""
+        self._built: list[Chunk] = []
         self._live = 0
         self._recode_at = RECODE_AT
         self.recoded = False
@@ -85,22 +89,55 @@ class OpenTable:
 
     # --- writes -----------------------------------------------------------------
 
-    def append(self, rows: Sequence[Row], items: Spans | None = None) -> Chunk | None:
-        """Open the requests of changelog rows (none of them open already); returns
-        their chunk as built (before any merge), None for no rows. ``items``: the
-        rows' items as hashed spans (their item fields are then not read)."""
+    @property
+    def chunks(self) -> list[Chunk]:
+        """The chunks, the newest rows among them."""
+        self.settle()
+        return self._chunks
+
+    def append(
+        self, rows: Sequence[Row], items: Spans | None = None, *, record: bool = False
+    ) -> None:
+        """Open the requests of changelog rows (none of them open already). ``items``:
+        the rows' items as hashed spans (their item fields are then not read).
+        ``record``: their chunk is reported by :meth:`take_built`. They are held as
+        they came until something reads them as columns (:meth:`settle`)."""
         if not rows:
-            return None
+            return
+        newest = self._newest
+        if not newest.accepts(items, record):
+            self.settle()
+        newest.add(rows, items, record)
+        if len(newest) >= SMALL_ROWS:
+            self.settle()
+
+    def settle(self) -> None:
+        """Make the rows held since the last chunk one chunk (coded with the book)."""
+        if not len(self._newest):
+            return
+        rows, items, record = self._newest.take()
         coded = None if items is None else span_codes(items, self.book)
         chunk = Chunk.of(rows, self.book, coded)
-        self.add(chunk)
-        return chunk
+        if record:
+            self._built.append(chunk)
+        self._add(chunk)
+
+    def take_built(self) -> list[Chunk]:
+        """The chunks made of rows appended with ``record`` since the last call, as
+        built (before any merge), in order; the rows held are made one first."""
+        self.settle()
+        built, self._built = self._built, []
+        return built
 
     def add(self, chunk: Chunk) -> None:
         """Open the live rows of a chunk (coded with :attr:`book`, none open already)."""
+        self.settle()
+        self._add(chunk)
+
+    def _add(self, chunk: Chunk) -> None:
         if not chunk.live:
             return
-        chunks = self.chunks
+        chunks = self._chunks
         chunks.append(chunk)
         self._live += chunk.live
         # merge while the newer chunk is as large as the one before (amortised: each
@@ -115,7 +152,7 @@ class OpenTable:
     def _gather(self) -> None:
         """Merge the newest chunks of one size, :data:`FAN` of them, into one (sizes
         from :data:`SMALL_ROWS` up to :data:`CHUNK_ROWS`)."""
-        chunks = self.chunks
+        chunks = self._chunks
         size = SMALL_ROWS
         while size < CHUNK_ROWS:
             n = 0
@@ -131,12 +168,13 @@ class OpenTable:
         """:meth:`add` of many chunks (a new owner's load): each row copied once, into
         chunks of up to :data:`CHUNK_ROWS` rows. ``chunks`` is read as it goes: at most
         one chunk's worth of them is held at a time."""
+        self.settle()
         group: list[Chunk] = []
         rows = 0
         for chunk in chain((c for c in chunks if c.live), [None]):
             if group and (chunk is None or rows + chunk.live > CHUNK_ROWS):
                 parts = [_live_part(c) for c in group]
-                self.add(parts[0] if len(parts) == 1 else Chunk.concat(parts))
+                self._add(parts[0] if len(parts) == 1 else Chunk.concat(parts))
                 group, rows = [], 0
             if chunk is not None:
                 group.append(chunk)
@@ -161,18 +199,18 @@ class OpenTable:
         if not touched:
             return
         kept = []
-        for chunk in self.chunks:
+        for chunk in self._chunks:
             if id(chunk) not in touched or chunk.live * 4 >= chunk.size:
                 kept.append(chunk)
             elif chunk.live:
                 kept.append(_live_part(chunk))
-        self.chunks = kept
+        self._chunks = kept
         if len(self.book) >= self._recode_at:
             self._recode()
 
     def _recode(self) -> None:
         """Rebuild the codebook from the codes in use, if it mostly holds others."""
-        used = [c.codes_in_use() for c in self.chunks]
+        used = [c.codes_in_use() for c in self._chunks]
         live = np.unique(np.concatenate(used)) if used else np.zeros(0, np.int32)
         live = live[live >= 0]
         if live.size * 4 > len(self.book):
@@ -182,7 +220,7 @@ class OpenTable:
         mapping[live] = np.arange(live.size, dtype=np.int32)
         strings = self.book.strings
         self.book = Codebook(strings[c] for c in live.tolist())
-        for chunk in self.chunks:
+        for chunk in self._chunks:
             chunk.recode(mapping)
         self._recode_at = max(RECODE_AT, 2 * len(self.book))
         self.recoded = True
@@ -190,38 +228,19 @@ class OpenTable:
     # --- reads ------------------------------------------------------------------
 
     def _search(self, rids: Sequence[str]) -> Iterator[tuple[Chunk, I64, I64]]:
-        """Per chunk holding some of ``rids`` open: their indexes in ``rids`` and rows."""
+        """Per chunk holding some of ``rids`` open: their indexes in ``rids`` and rows
+        (the rows held as they came are not searched)."""
         if not rids or not self._live:
             return
         hashes = hashes_of(rids, len(rids))
-        for chunk in self.chunks:
-            keys = chunk.by_id.keys
-            if not keys.size:
-                continue
-            maybe = np.flatnonzero(chunk.by_id.may_hold(hashes))
-            if not maybe.size:
-                continue
-            lo = np.searchsorted(keys, hashes[maybe])
-            hit = keys[np.minimum(lo, keys.size - 1)] == hashes[maybe]
-            found, lo = maybe[hit], lo[hit]
-            if not found.size:
-                continue
-            rows = chunk.by_id.rows[lo].astype(np.int64)
-            hi = np.searchsorted(keys, hashes[found], side="right")
-            if (hi - lo > 1).any():  # a collision: every row of the hash is a candidate
-                spans = [chunk.by_id.rows[a:b] for a, b in zip(lo, hi, strict=True)]
-                found = np.repeat(found, hi - lo)
-                rows = np.concatenate(spans).astype(np.int64)
-            live = chunk.alive[rows]
-            found, rows = found[live], rows[live]
-            same = _same_ids(chunk.ids.take(rows), [rids[i] for i in found.tolist()])
-            if same is not None:
-                found, rows = found[same], rows[same]
+        for chunk in self._chunks:
+            found, rows = chunk.find(rids, hashes)
             if found.size:
                 yield chunk, found, rows
 
     def _locate(self, rids: Sequence[str]) -> list[Location | None]:
         """Where each open request is (None: not open)."""
+        self.settle()
         out: list[Location | None] = [None] * len(rids)
         for chunk, found, rows in self._search(rids):
             for i, row in zip(found.tolist(), rows.tolist(), strict=True):
@@ -229,13 +248,15 @@ class OpenTable:
         return out
 
     def contains(self, rids: Sequence[str]) -> list[bool]:
-        out = np.zeros(len(rids), dtype=np.bool_)
+        """Whether each request is open (the rows held as they came stay so)."""
+        out = self._newest.holds(rids) if len(self._newest) else np.zeros(len(rids), np.bool_)
         for _, found, _ in self._search(rids):
             out[found] = True
         return out.tolist()
 
     def times(self, rids: Sequence[str]) -> list[int | None]:
         """The impression time of each request (None: not open)."""
+        self.settle()
         out: list[int | None] = [None] * len(rids)
         for chunk, found, rows in self._search(rids):
             for i, t in zip(found.tolist(), chunk.ts[rows].tolist(), strict=True):
@@ -252,10 +273,15 @@ class OpenTable:
     def due(self, through_ms: int) -> tuple[Due, Places]:
         """The open requests of impression time at or before ``through_ms``, as columns
         in order of (time, request id): the order their deadlines fall in. Also where
-        they are, for :meth:`close` (valid until the next write)."""
+        they are, for :meth:`close` (valid until the next write: no read builds a
+        chunk of the rows held as they came but this one, :meth:`peek` and
+        :meth:`count_due` when those may be due, so the finalisation between the two
+        moves no row)."""
+        if self._newest.reaches(through_ms):
+            self.settle()
         places: Places = []
         parts: list[Due] = []
-        for chunk in self.chunks:
+        for chunk in self._chunks:
             if not chunk.within(NEVER, through_ms):
                 continue
             rows = np.flatnonzero(chunk.alive & (chunk.ts <= through_ms))
@@ -269,9 +295,11 @@ class OpenTable:
     def peek(self, after_ms: int, through_ms: int) -> Due:
         """The open requests of impression time in ``(after_ms, through_ms]``, as
         :meth:`due` orders them, left open."""
+        if self._newest.reaches(through_ms):
+            self.settle()
         parts = [
             chunk.due(rows, self.book.strings)
-            for chunk in self.chunks
+            for chunk in self._chunks
             if chunk.within(after_ms, through_ms)
             and (
                 rows := np.flatnonzero(
@@ -296,9 +324,11 @@ class OpenTable:
         self._compact(touched)
 
     def count_due(self, through_ms: int) -> int:
+        if self._newest.reaches(through_ms):
+            self.settle()
         return sum(
             int((c.alive & (c.ts <= through_ms)).sum())
-            for c in self.chunks
+            for c in self._chunks
             if c.within(NEVER, through_ms)
         )
 
@@ -309,10 +339,16 @@ class OpenTable:
         requests: list[str] = []
         times: list[I64] = []
         items: list[Ragged] = []
+        if self._newest.has_user(uids):  # read where they are: see :meth:`due`
+            held, codes = self._newest.of_users(set(uids), self.book)
+            users += [row[1] for row in held]
+            requests += [row[0] for row in held]
+            times.append(np.array([row[3] for row in held], dtype=np.int64))
+            items.append(codes)
         if uids and self._live:
             wanted = set(uids)
             hashes = hashes_of(uids, len(uids))
-            for chunk in self.chunks:
+            for chunk in self._chunks:
                 maybe = hashes[chunk.by_user.may_hold(hashes)]
                 if not maybe.size:
                     continue
@@ -339,7 +375,7 @@ class OpenTable:
         return out
 
     def __len__(self) -> int:
-        return self._live
+        return self._live + len(self._newest)
 
     @property
     def nbytes(self) -> int:
@@ -347,7 +383,7 @@ class OpenTable:
         return sum(c.nbytes for c in self.chunks)
 
     def __contains__(self, rid: object) -> bool:
-        return isinstance(rid, str) and self._locate([rid])[0] is not None
+        return isinstance(rid, str) and self.contains([rid])[0]
 
     def __getitem__(self, rid: str) -> OpenRequest:
         found = self.get(rid)
@@ -367,19 +403,6 @@ class OpenTable:
         return self.as_dict() == other.as_dict()
 
     __hash__ = None  # type: ignore[assignment]
-
-
-def _same_ids(stored: Ragged, wanted: list[str]) -> npt.NDArray[np.bool_] | None:
-    """Which stored ids (UTF-8 rows) equal the wanted ones (None: all do, the usual
-    answer, found with one comparison of the joined bytes when the lengths agree)."""
-    text = "".join(wanted)
-    sized = map(len, wanted) if text.isascii() else (len(w.encode()) for w in wanted)
-    lengths = np.fromiter(sized, dtype=np.int64, count=len(wanted))
-    joined = text.encode()
-    if np.array_equal(stored.lengths(), lengths) and stored.flat.tobytes() == joined:
-        return None
-    texts = stored.texts(np.arange(len(wanted), dtype=np.int64))
-    return np.array([a == b for a, b in zip(texts, wanted, strict=True)], dtype=np.bool_)
 
 
 def _live_part(chunk: Chunk) -> Chunk:

@@ -92,7 +92,8 @@ class PartitionState:
     fresh: set[str] = field(default_factory=set)
     """Requests opened since the last flush and still open: written at the flush."""
     fresh_chunks: list[Chunk] = field(default_factory=list)
-    """The chunks they were opened in (as built, before any merge)."""
+    """The chunks they were opened in (as built, before any merge), taken from the
+    table at the flush (:meth:`OpenTable.take_built`)."""
     book_written: int = 0
     """Codebook strings the changelog holds (its ``c:`` fields)."""
     book_fields: list[str] = field(default_factory=list)
@@ -155,10 +156,8 @@ class PartitionState:
         after its impression (``items``: their items as hashed spans, see
         :meth:`OpenTable.append`)."""
         self.delay_ms = delay_ms
-        chunk = self.requests.append(rows, items)
-        if chunk is not None:
-            self.fresh_chunks.append(chunk)
-            self.fresh.update(row[0] for row in rows)
+        self.requests.append(rows, items, record=True)
+        self.fresh.update(row[0] for row in rows)
 
     def create(self, name: str, value: bytes) -> None:
         """Write a field that the store does not hold unless deleted since the flush."""
@@ -364,6 +363,7 @@ class PartitionState:
         """The changes since the last flush (and forget them); requests opened since then
         and still open are encoded now."""
         out, self.changes = self.changes, {}
+        self.fresh_chunks += self.requests.take_built()
         if self.requests.recoded:
             request_log.rewrite(self, out)
         elif self.fresh:
