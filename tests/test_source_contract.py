@@ -86,6 +86,37 @@ def test_a_too_small_repartition_topic_stops_start_up(kafka_bootstrap, redis_url
         source.close()
 
 
+def test_caught_up_holds_while_idle_and_not_after_a_seek_back(kafka_bootstrap, redis_url, client):
+    """An input consumed to its end stays confirmed over idle polls; a seek back to an
+    earlier offset (a reload), with the same end, withdraws it until the messages are
+    consumed again. kafka-python's source keeps the positions it has seen: this fails if
+    it trusts them past a seek."""
+    env = new_env(kafka_bootstrap, redis_url, partitions=1)
+    env.produce("impressions", [("u", f"m{i}".encode()) for i in range(3)])
+    source = unclaimed_source(env, client)
+
+    def confirmed() -> bool:
+        source.refresh_ends()
+        return "impressions:0" in source.caught_up()
+
+    try:
+        source.subscribe()
+        poll_until(source, lambda b: sum(len(x.payloads) for x in b) >= 3)
+        quiet, deadline = 0, time.monotonic() + 30  # the group may rebalance once more
+        while quiet < 4 and time.monotonic() < deadline:
+            quiet = quiet + 1 if not source.poll() and confirmed() else 0
+        assert quiet == 4  # idle polls in a row, each confirmed
+        assert source.lag()["impressions:0"] == 0
+        source.seek({0: {"impressions": 1}})
+        assert not confirmed()
+        assert source.lag()["impressions:0"] == 2
+        again = poll_until(source, lambda b: sum(len(x.payloads) for x in b) >= 2)
+        assert [p for b in again for p in b.payloads] == [b"m1", b"m2"]
+        assert confirmed()
+    finally:
+        source.close()
+
+
 def test_batches_resume_at_the_claimed_offsets_and_commit(kafka_bootstrap, redis_url, client):
     """Assignment resumes each input at the offsets the store's claim gives (here 2 on
     partition 0), batches keep offsets in order, the end offsets confirm caught-up

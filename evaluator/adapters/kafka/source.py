@@ -46,6 +46,7 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
 
     def on_partitions_revoked(self, revoked: Sequence[TopicPartition]) -> None:
         self.source.awaiting_since = time.monotonic()
+        self.source.forget_positions()
         log.info("partitions revoked: %s", sorted(self.source.name(tp) for tp in revoked))
         self.source.on_revoke(sorted({tp.partition for tp in revoked}))
 
@@ -62,6 +63,10 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
 
 class KafkaSource(KafkaSourceBase):
     """Polls batches per partition, dead-letters invalid messages, commits on request."""
+
+    def forget_positions(self) -> None:
+        """Positions may move back (a rebalance): ask the consumer again."""
+        self._reached.clear()
 
     def _open(self) -> None:
         settings = self.settings
@@ -97,6 +102,10 @@ class KafkaSource(KafkaSourceBase):
         """With ``latest``: where this member started an input never checkpointed."""
         self._unplaced: set[TopicPartition] = set()
         """Such inputs whose starting position is still to be found."""
+        self._reached: dict[TopicPartition, tuple[int, int | None]] = {}
+        """Per input, an offset its position has reached and the high watermark then:
+        kafka-python's ``position()`` checks every assigned partition's leader each
+        call (~0.15 ms), and the loop asks for each input after every poll."""
 
     def forward(self, forwarded: Sequence[Forwarded]) -> list[Forwarded]:
         """Send events to their user's partition of the repartition topic, durably
@@ -128,6 +137,7 @@ class KafkaSource(KafkaSourceBase):
         ``auto_offset_reset = "earliest"`` (nothing of it was applied: after a failed
         first batch too); with ``latest`` it starts where the group left it, and a
         reload goes back there (the position first taken here), not past a failed batch."""
+        self._reached.clear()
         for number, offsets in resume.items():
             for topic, kind in self.kinds.items():
                 tp = TopicPartition(topic, number)
@@ -161,9 +171,22 @@ class KafkaSource(KafkaSourceBase):
             if end is None:
                 continue
             high = self.consumer.highwater(tp)
-            if self.consumer.position(tp) >= max(end, high or 0):
+            if self._position(tp, max(end, high or 0)) >= max(end, high or 0):
                 names[self.name(tp)] = self._ends_at_ms
         return names
+
+    def _position(self, tp: TopicPartition, enough: int) -> int:
+        """The input's position, or an offset it has reached when that is ``enough``.
+        A position moves back only by this source's seeks and rebalances (which clear
+        what was reached) or by a reset after the log was truncated, which a changed
+        high watermark tells (or, at worst, the next poll's records)."""
+        known = self._reached.get(tp)
+        high = self.consumer.highwater(tp)
+        if known is not None and known[0] >= enough and known[1] == high:
+            return known[0]
+        at = int(self.consumer.position(tp))
+        self._reached[tp] = (at, high)
+        return at
 
     def refresh_ends(self, timeout_ms: int = 2_000) -> None:
         """Ask the broker for the end offsets of the assigned partitions (raises when it
@@ -201,6 +224,7 @@ class KafkaSource(KafkaSourceBase):
 
     def subscribe(self) -> None:
         """(Re)subscribe to both topics, e.g. when no partitions arrived in time."""
+        self._reached.clear()
         self.consumer.unsubscribe()
         self.consumer.subscribe(list(self.kinds), listener=_Listener(self))
 
@@ -219,6 +243,8 @@ class KafkaSource(KafkaSourceBase):
         )
         batches = []
         for tp, messages in records.items():
+            if messages:  # the position is past them now
+                self._reached[tp] = (messages[-1].offset + 1, self.consumer.highwater(tp))
             batches.append(
                 PartitionBatch(
                     self.kinds[tp.topic],
@@ -283,7 +309,7 @@ class KafkaSource(KafkaSourceBase):
         """Messages behind the end of each assigned partition (as of the last
         :meth:`refresh_ends`)."""
         return {
-            self.name(tp): max(0, end - self.consumer.position(tp))
+            self.name(tp): max(0, end - self._position(tp, end))
             for tp, end in self._ends.items()
             if tp in self.consumer.assignment()
         }
