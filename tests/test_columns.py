@@ -50,6 +50,15 @@ def request(r: list[Any]) -> OpenRequest:
     )
 
 
+def small_chunks(monkeypatch: pytest.MonkeyPatch, rows: int, largest: int | None = None) -> None:
+    """Chunks of ``rows`` rows merged up to ``largest`` (``FAN``² times that by default):
+    a few requests exercise every merge."""
+    monkeypatch.setattr(columns, "SMALL_ROWS", rows)
+    monkeypatch.setattr(
+        columns, "CHUNK_ROWS", rows * columns.FAN**2 if largest is None else largest
+    )
+
+
 def check(table: OpenTable, reference: dict[str, OpenRequest], rng: random.Random) -> None:
     assert len(table) == len(reference)
     assert table.as_dict() == reference
@@ -93,8 +102,7 @@ def test_open_table_answers_as_a_dict_of_requests(
     if collide:
         for module in (columns, chunks, segments):
             monkeypatch.setattr(module, "hashes_of", lambda values, n: np.full(n, 7, np.int64))
-    monkeypatch.setattr(columns, "SMALL_ROWS", 4)
-    monkeypatch.setattr(columns, "CHUNK_ROWS", 4 * columns.FAN**2)
+    small_chunks(monkeypatch, 4)
     rng = random.Random(seed)
     table, reference = OpenTable(), {}
     made = 0
@@ -362,8 +370,7 @@ def test_scans_by_time_pass_over_chunks_only_outside_their_span(
     """Chunks of disjoint time spans (as arrival order leaves them): ``due``, ``peek``
     and ``count_due`` at every boundary (a chunk's first and last time, and one either
     side) find exactly the requests of their span."""
-    monkeypatch.setattr(columns, "SMALL_ROWS", 16)
-    monkeypatch.setattr(columns, "CHUNK_ROWS", 16)
+    small_chunks(monkeypatch, 16, 16)
     rng = random.Random(3)
     table, times = OpenTable(), {}
     for n in range(0, 120, 6):  # batches of 6 consecutive times: chunks of 6 to 16 rows
@@ -390,8 +397,7 @@ def test_a_new_owner_adds_many_chunks_at_once_as_one_by_one(
 ) -> None:
     """A load's chunks (some rows already final) go in together: the same open requests
     as adding them one by one, in chunks of at most ``CHUNK_ROWS`` live rows."""
-    monkeypatch.setattr(columns, "SMALL_ROWS", 16)
-    monkeypatch.setattr(columns, "CHUNK_ROWS", 16)
+    small_chunks(monkeypatch, 16, 16)
     rng = random.Random(4)
     book = Codebook()
     parts, made = [], 0
@@ -419,8 +425,7 @@ def test_chunks_grow_by_sizes_so_a_long_window_keeps_few(
     ``SMALL_ROWS``, then ``FAN`` chunks of a size into one, up to ``CHUNK_ROWS``; the
     chunks stay few (a handful per size, the rest full) and the table answers as one
     built at once."""
-    monkeypatch.setattr(columns, "SMALL_ROWS", 4)
-    monkeypatch.setattr(columns, "CHUNK_ROWS", 4 * columns.FAN**2)
+    small_chunks(monkeypatch, 4)
     rng = random.Random(6)
     table, made = OpenTable(), 0
     while made < 2_000:

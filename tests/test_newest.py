@@ -12,10 +12,9 @@ import pytest
 
 from evaluator.core.due import OpenRequest, requests_of
 from evaluator.core.tokens import Spans, string_spans
-from evaluator.engine import columns
 from evaluator.engine.codebook import ITEM_SEED
 from evaluator.engine.columns import OpenTable
-from tests.test_columns import request, row
+from tests.test_columns import request, row, small_chunks
 
 
 def spans_of(batch: list[list[Any]]) -> Spans:
@@ -54,8 +53,7 @@ def test_reads_in_any_order_answer_as_a_dict(seed: int, monkeypatch: pytest.Monk
     engine makes, in a random order, before anything makes the held rows a chunk:
     membership, the open requests of some users, the due ones (closed where they were
     found after a read of users, as the finalisation does), the provisional peek."""
-    monkeypatch.setattr(columns, "SMALL_ROWS", 16)
-    monkeypatch.setattr(columns, "CHUNK_ROWS", 16 * columns.FAN**2)
+    small_chunks(monkeypatch, 16)
     rng = random.Random(seed)
     table, reference = OpenTable(), {}
     made = 0
