@@ -7,25 +7,24 @@ at the checkpoint one encoded segment each. Keeping up with live traffic, a poll
 brings tens of requests a partition, so that cost, paid per poll, was most of an
 impression's work. Most polls read nothing of the newest requests but whether an id
 is among them (a duplicate impression, an interaction naming its request): a set
-answers that. They become columns only when something reads them as columns: a scan
-that may reach their times, the open requests of one of their users, the checkpoint.
+answers that, and the open requests of a user are read where they are
+(:meth:`Newest.of_users`). They become columns only when something reads them as
+columns: a scan that may reach their times, or the checkpoint.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from operator import itemgetter
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from evaluator.core.due import Ragged
 from evaluator.core.tokens import Spans
-from evaluator.engine.chunks import list_codes, span_codes
+from evaluator.engine.chunks import Row, list_codes, span_codes
 from evaluator.engine.codebook import Codebook
 
-Row = Sequence[Any]
 _ID, _USER, _TIME = itemgetter(0), itemgetter(1), itemgetter(3)
 """A changelog request row's request id, user id and impression time."""
 
