@@ -52,6 +52,34 @@ def _stale() -> tuple[type[Exception], ...]:
     return (StaleElementReferenceException,)
 
 
+_READ = """
+const page = {};
+for (const [name, selector] of Object.entries(arguments[0])) {
+  page[name] = Array.from(document.querySelectorAll(selector)).map((e) => {
+    const found = {text: (e.innerText ?? e.textContent ?? "").trim()};
+    for (const a of e.getAttributeNames()) found[a] = e.getAttribute(a);
+    found.cells = Array.from(e.querySelectorAll("td")).map((c) => c.innerText.trim());
+    return found;
+  });
+}
+return page;
+"""
+
+
+def _read(browser, **selectors: str) -> dict[str, list[dict]]:
+    """Every element each selector finds, with its text, attributes and cells, read in
+    one script: the page redraws every 2 s, so elements found one call and read the next
+    may be gone (a stale element); one script runs between two redraws."""
+    return browser.execute_script(_READ, selectors)
+
+
+def _text(page: dict[str, list[dict]], name: str) -> str:
+    """The text of the one element `name` found."""
+    found = page[name]
+    assert len(found) == 1, (name, found)
+    return found[0]["text"]
+
+
 def test_dashboard_renders_live_values(demo_server, tmp_path) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -70,46 +98,57 @@ def test_dashboard_renders_live_values(demo_server, tmp_path) -> None:
                 "L" in (p.get_attribute("d") or "") for p in b.find_elements(By.CSS_SELECTOR, final)
             )
         )
-        lines = browser.find_elements(By.CSS_SELECTOR, final)
-        assert len(lines) == 4
-        assert {line.get_attribute("data-variant") for line in lines} == {"control", "treatment"}
-        assert all(len(line.get_attribute("d")) > 10 for line in lines)
-        legend = browser.find_element(By.ID, "ndcg-legend").text
-        assert "control: raw 0." in legend and "treatment: raw 0." in legend
         # the provisional line: the newest requests' estimated final nDCG, per variant
         early = "#ndcg-chart path.series.provisional"
         wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, early)) == 2)
-        young = browser.find_elements(By.CSS_SELECTOR, early)
-        assert {line.get_attribute("data-variant") for line in young} == {"control", "treatment"}
-        assert "provisional 0." in browser.find_element(By.ID, "ndcg-legend").text
+        page = _read(
+            browser,
+            lines=final,
+            legend="#ndcg-legend",
+            young=early,
+            heads="#metrics-table th",
+            rows="#metrics-table tr[data-variant]",
+            bars="#requests-chart rect.bar",
+            arms="#users-chart path.users",
+            users="#users-text",
+            ab="#ab-text",
+            note="#time-note",
+            ticks="#ab-chart text.tick",
+            health="#health",
+            propensity="#propensity-chart path.series",
+            status="#status",
+        )
+        lines = page["lines"]
+        assert len(lines) == 4
+        assert {line["data-variant"] for line in lines} == {"control", "treatment"}
+        assert all(len(line["d"] or "") > 10 for line in lines)
+        legend = _text(page, "legend")
+        assert "control: raw 0." in legend and "treatment: raw 0." in legend
+        assert {line["data-variant"] for line in page["young"]} == {"control", "treatment"}
+        assert "provisional 0." in legend
         # the table has a column per exported metric of the registry, a row per variant
-        table = browser.find_element(By.ID, "metrics-table")
-        heads = [h.text for h in table.find_elements(By.CSS_SELECTOR, "th")]
+        heads = [h["text"] for h in page["heads"]]
         assert heads == ["variant", *(m.label for m in REGISTRY if m.family)]
-        rows = table.find_elements(By.CSS_SELECTOR, "tr[data-variant]")
-        assert {r.get_attribute("data-variant") for r in rows} == {"control", "treatment"}
+        rows = page["rows"]
+        assert {r["data-variant"] for r in rows} == {"control", "treatment"}
         for r in rows:
-            cells = [c.text for c in r.find_elements(By.CSS_SELECTOR, "td")][1:]
-            assert all(0.0 <= float(c) <= 1.0 for c in cells), cells
-        bars = browser.find_elements(By.CSS_SELECTOR, "#requests-chart rect.bar")
-        assert len(bars) == 2 and all(float(b.get_attribute("height")) > 0 for b in bars)
+            cells = r["cells"][1:]
+            assert cells and all(0.0 <= float(c) <= 1.0 for c in cells), cells
+        bars = page["bars"]
+        assert len(bars) == 2 and all(float(b["height"] or 0) > 0 for b in bars)
         # users per arm since the experiment's start, with the sample-ratio test
-        arms = browser.find_elements(By.CSS_SELECTOR, "#users-chart path.users")
-        assert {a.get_attribute("data-arm") for a in arms} == {
-            "default/control",
-            "default/treatment",
-        }
-        assert "SRM p" in browser.find_element(By.ID, "users-text").text
+        assert {a["data-arm"] for a in page["arms"]} == {"default/control", "default/treatment"}
+        assert "SRM p" in _text(page, "users")
         # the A/B text carries the sequential p-value once inference is available
-        assert "sequential p" in browser.find_element(By.ID, "ab-text").text
+        assert "sequential p" in _text(page, "ab")
         # the demo runs event time 20x faster than the wall clock, and says so
-        assert "faster than the wall clock" in browser.find_element(By.ID, "time-note").text
-        ticks = [t.text for t in browser.find_elements(By.CSS_SELECTOR, "#ab-chart text.tick")]
-        assert all(len(t.split(".")[-1]) <= 4 for t in ticks if "." in t)  # rounded ticks
-        health = browser.find_element(By.ID, "health").text
+        assert "faster than the wall clock" in _text(page, "note")
+        ticks = [t["text"] for t in page["ticks"]]
+        assert ticks and all(len(t.split(".")[-1]) <= 4 for t in ticks if "." in t)  # rounded
+        health = _text(page, "health")
         assert "consumed" in health and "finalised" in health
-        assert browser.find_elements(By.CSS_SELECTOR, "#propensity-chart path.series")
-        assert "live" in browser.find_element(By.ID, "status").text
+        assert page["propensity"]
+        assert "live" in _text(page, "status")
         shot = tmp_path / "dashboard.png"
         assert browser.save_screenshot(str(shot))
         assert shot.stat().st_size > 10_000
@@ -139,10 +178,11 @@ def test_dashboard_draws_the_interleaving_preference(tmp_path) -> None:
                     for p in b.find_elements(By.CSS_SELECTOR, "#il-chart path.series")
                 )
             )
-            text = browser.find_element(By.ID, "il-text").text
+            page = _read(browser, il="#il-text", ab="#ab-text")
+            text = _text(page, "il")
             assert "default: treatment over control" in text and "sequential p" in text
             assert "% of decided lists" in text
-            assert browser.find_element(By.ID, "ab-text").text == "no comparison yet"
+            assert _text(page, "ab") == "no comparison yet"
         finally:
             browser.quit()
 
@@ -151,7 +191,6 @@ def test_dashboard_marks_a_variant_in_regression() -> None:
     """The page served from read models whose detector flags one variant: the legend
     says which, since when (event time), and shows its provisional nDCG and band."""
     from prometheus_client import CollectorRegistry
-    from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     from evaluator.adapters.web.dashboard import DashboardHistory, routes
@@ -187,13 +226,16 @@ def test_dashboard_marks_a_variant_in_regression() -> None:
         browser.get(f"http://127.0.0.1:{server.server_address[1]}/")
         wait = WebDriverWait(browser, 30, poll_frequency=0.5, ignored_exceptions=_stale())
         wait.until(lambda b: b.execute_script("return document.body.dataset.ready") == "true")
-        marks = browser.find_elements(By.CSS_SELECTOR, "#ndcg-legend .regression")
-        assert len(marks) == 1
-        assert marks[0].text == "⚠ in regression since 2026-01-01 07:00 (event time)"
-        legend = browser.find_element(By.ID, "ndcg-legend").text
+        page = _read(
+            browser,
+            marks="#ndcg-legend .regression",
+            legend="#ndcg-legend",
+            early="#ndcg-chart path.series.provisional",
+        )
+        assert _text(page, "marks") == "⚠ in regression since 2026-01-01 07:00 (event time)"
+        legend = _text(page, "legend")
         assert "treatment: raw 0.5200" in legend and "provisional 0.4100 ± 0.0300" in legend
-        early = browser.find_elements(By.CSS_SELECTOR, "#ndcg-chart path.series.provisional")
-        assert {p.get_attribute("data-variant") for p in early} == {"control", "treatment"}
+        assert {p["data-variant"] for p in page["early"]} == {"control", "treatment"}
     finally:
         browser.quit()
         server.shutdown()
