@@ -13,7 +13,7 @@ import pytest
 
 from evaluator.core.ab.interleaving import draft
 from evaluator.core.due import OpenRequest, requests_of
-from evaluator.engine import chunks, columns, segments
+from evaluator.engine import chunks, columns, merges, segments
 from evaluator.engine.codebook import Codebook
 from evaluator.engine.columns import OpenTable
 from evaluator.engine.restore import restore_state
@@ -53,10 +53,8 @@ def request(r: list[Any]) -> OpenRequest:
 def small_chunks(monkeypatch: pytest.MonkeyPatch, rows: int, largest: int | None = None) -> None:
     """Chunks of ``rows`` rows merged up to ``largest`` (``FAN``² times that by default):
     a few requests exercise every merge."""
-    monkeypatch.setattr(columns, "SMALL_ROWS", rows)
-    monkeypatch.setattr(
-        columns, "CHUNK_ROWS", rows * columns.FAN**2 if largest is None else largest
-    )
+    monkeypatch.setattr(merges, "SMALL_ROWS", rows)
+    monkeypatch.setattr(merges, "CHUNK_ROWS", rows * merges.FAN**2 if largest is None else largest)
 
 
 def check(table: OpenTable, reference: dict[str, OpenRequest], rng: random.Random) -> None:
@@ -433,10 +431,10 @@ def test_chunks_grow_by_sizes_so_a_long_window_keeps_few(
         made += len(batch)
         table.append(batch)
     sizes = [c.live for c in table.chunks]
-    full = sum(size >= columns.CHUNK_ROWS // 2 for size in sizes)
-    assert full >= 2_000 // (columns.CHUNK_ROWS * 2)  # the largest size is reached
-    assert len(sizes) - full <= 2 * (columns.FAN - 1) + 4  # a few of each smaller size
-    assert max(sizes) < columns.CHUNK_ROWS * 2
+    full = sum(size >= merges.CHUNK_ROWS // 2 for size in sizes)
+    assert full >= 2_000 // (merges.CHUNK_ROWS * 2)  # the largest size is reached
+    assert len(sizes) - full <= 2 * (merges.FAN - 1) + 4  # a few of each smaller size
+    assert max(sizes) < merges.CHUNK_ROWS * 2
     reference = {r.request_id: r for r in table.all()}
     assert len(reference) == made
     ids = list(reference)

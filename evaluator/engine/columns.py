@@ -6,12 +6,12 @@ binary search. About a fifth of the memory of the objects it replaces (see
 BENCHMARKS.md), and batch-friendly: a lookup of many ids is one search per chunk.
 
 Rows appended are held as they came (:mod:`evaluator.engine.newest`) until read as
-columns, then become one chunk (about once a checkpoint); small chunks are merged into
-larger ones (up to :data:`CHUNK_ROWS` rows), dropping the rows finalised in the
-meantime, so a chunk is a stretch of arrival order, which is nearly deadline order.
-A finished row is only marked dead; a chunk goes when all its rows have, and one
-mostly dead is rewritten with its live rows. A scan by impression time (the due
-requests) reads only the chunks whose span of times it overlaps.
+columns, then become one chunk (about once a checkpoint); chunks merge into larger
+ones as :mod:`evaluator.engine.merges` schedules, so a chunk is a stretch of arrival
+order, which is nearly deadline order. A finished row is only marked dead; a chunk
+goes when all its rows have, and one mostly dead is rewritten with its live rows. A
+scan by impression time (the due requests) reads only the chunks whose span of times
+it overlaps.
 :class:`~evaluator.core.finalise.OpenRequest` objects are made only for the requests
 being finalised (or asked for).
 
@@ -28,29 +28,17 @@ the open requests (every code changes, and the changelog is rewritten:
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import chain
 from typing import NamedTuple
 
 import numpy as np
 
 from evaluator.core.due import Due, OpenRequest, Ragged, time_order
 from evaluator.core.tokens import Spans
+from evaluator.engine import merges
 from evaluator.engine.chunks import I64, Chunk, Row, hashes_of, span_codes
 from evaluator.engine.codebook import NONE, Codebook
 from evaluator.engine.newest import Newest
 
-SMALL_ROWS = 16_384
-"""New rows are merged binary-counter style into chunks of up to this many."""
-FAN = 8
-"""Chunks of one size are merged ``FAN`` at a time into one ``FAN`` times as large."""
-CHUNK_ROWS = SMALL_ROWS * FAN * FAN
-"""Rows of the largest chunks (1,048,576). A lookup searches every chunk, so their
-number must stay small whatever the attribution window: a partition open for 24 h at
-250 requests/s holds 21.6 million, about 21 full chunks and a few smaller ones (at
-16,384 rows a chunk, 1,300, and each lookup cost more than the rest of an event's
-work). Past :data:`SMALL_ROWS` a row is copied once per size (twice in all), in
-merges of ``FAN`` chunks whose arrays are large; merges keep the hashes' order (no
-sort); a chunk mostly finalised is rewritten with its live rows."""
 RECODE_AT = 1 << 19
 """Codebook entries before the codes of live rows are counted and the book rebuilt
 (when it holds four times as many as are in use): a churning catalog stays bounded."""
@@ -108,7 +96,7 @@ class OpenTable:
         if not newest.accepts(items, record):
             self.settle()
         newest.add(rows, items, record)
-        if len(newest) >= SMALL_ROWS:
+        if len(newest) >= merges.SMALL_ROWS:
             self.settle()
 
     def settle(self) -> None:
@@ -135,50 +123,17 @@ class OpenTable:
         self._add(chunk)
 
     def _add(self, chunk: Chunk) -> None:
-        if not chunk.live:
-            return
-        chunks = self._chunks
-        chunks.append(chunk)
-        self._live += chunk.live
-        # merge while the newer chunk is as large as the one before (amortised: each
-        # row is copied a logarithmic number of times), dropping finished rows
-        while len(chunks) >= 2 and chunks[-2].live <= chunks[-1].live:
-            a, b = chunks[-2], chunks[-1]
-            if a.live + b.live > SMALL_ROWS:
-                break
-            chunks[-2:] = [Chunk.concat([_live_part(a), _live_part(b)])]
-        self._gather()
-
-    def _gather(self) -> None:
-        """Merge the newest chunks of one size, :data:`FAN` of them, into one (sizes
-        from :data:`SMALL_ROWS` up to :data:`CHUNK_ROWS`)."""
-        chunks = self._chunks
-        size = SMALL_ROWS
-        while size < CHUNK_ROWS:
-            n = 0
-            for chunk in reversed(chunks):
-                if not size // 2 <= chunk.live < size * FAN // 2:
-                    break
-                n += 1
-            if n >= FAN:
-                chunks[-n:] = [Chunk.concat([_live_part(c) for c in chunks[-n:]])]
-            size *= FAN
+        if chunk.live:
+            self._live += chunk.live
+            merges.push(self._chunks, chunk)
 
     def add_many(self, chunks: Iterable[Chunk]) -> None:
         """:meth:`add` of many chunks (a new owner's load): each row copied once, into
-        chunks of up to :data:`CHUNK_ROWS` rows. ``chunks`` is read as it goes: at most
-        one chunk's worth of them is held at a time."""
+        chunks of up to :data:`~evaluator.engine.merges.CHUNK_ROWS` rows; ``chunks`` is
+        read as it goes."""
         self.settle()
-        group: list[Chunk] = []
-        rows = 0
-        for chunk in chain((c for c in chunks if c.live), [None]):
-            if group and (chunk is None or rows + chunk.live > CHUNK_ROWS):
-                parts = [_live_part(c) for c in group]
-                self._add(parts[0] if len(parts) == 1 else Chunk.concat(parts))
-                group, rows = [], 0
-            if chunk is not None:
-                group.append(chunk)
-                rows += chunk.live
+        for chunk in merges.grouped(chunks):
+            self._add(chunk)
 
     def remove(self, rids: Sequence[str]) -> None:
         """Close open requests (ids not open are ignored)."""
@@ -198,13 +153,7 @@ class OpenTable:
         """Drop the touched chunks with no live row, rewrite those mostly dead."""
         if not touched:
             return
-        kept = []
-        for chunk in self._chunks:
-            if id(chunk) not in touched or chunk.live * 4 >= chunk.size:
-                kept.append(chunk)
-            elif chunk.live:
-                kept.append(_live_part(chunk))
-        self._chunks = kept
+        self._chunks = merges.compacted(self._chunks, touched)
         if len(self.book) >= self._recode_at:
             self._recode()
 
@@ -403,9 +352,3 @@ class OpenTable:
         return self.as_dict() == other.as_dict()
 
     __hash__ = None  # type: ignore[assignment]
-
-
-def _live_part(chunk: Chunk) -> Chunk:
-    if chunk.live == chunk.size:
-        return chunk
-    return chunk.take(np.flatnonzero(chunk.alive))
