@@ -261,3 +261,35 @@ def test_a_partition_fenced_then_assigned_again_is_neither_paused_nor_reloaded(
     tasks.assign([0])  # ...and back to this member
     assert list(tasks.owned) == [0]
     assert tasks.apply([], {}) == ([], [])
+
+
+def test_at_the_end_of_its_inputs_a_partition_checkpoints_once_an_interval(make_store) -> None:
+    """Keeping up with live traffic, each poll brings a few events and the broker says
+    the partition is at its end: it checkpoints every ``engine.checkpoint_interval``
+    (1 s), not after every poll (a checkpoint's fixed cost outweighed those events),
+    and what it checkpoints is everything consumed up to then."""
+    import json
+
+    from evaluator.engine.batches import PartitionBatch
+
+    settings = load_settings(environ={}, overrides={"kafka": {"partitioner": "trust"}})
+    store = make_store(settings.layout(1))
+    written: list[dict[str, int]] = []
+    original = store.checkpoint_many
+
+    def recording(writes):
+        written.extend(dict(w.delta.offsets) for w in writes)
+        return original(writes)
+
+    store.checkpoint_many = recording
+    tasks = Tasks(store, tasks_config(settings, 1), clock_ms=FakeClock(1_000_000))
+    tasks.assign([0])
+    for n in range(50):  # 5 s of polls 100 ms apart, one impression each
+        event = {"event_id": f"e{n}", "request_id": f"r{n}", "user_id": "u", "variant": "v"}
+        payload = json.dumps({**event, "timestamp": 1_000_000 + 100 * n, "items": ["a"]})
+        batch = PartitionBatch("impressions", "impressions:0", [payload.encode()], range(n, n + 1))
+        now = tasks.clock_ms.now  # type: ignore[attr-defined]
+        tasks.apply([batch], {"impressions:0": now, "interactions:0": now})
+        tasks.clock_ms.now += 100  # type: ignore[attr-defined]
+    assert 5 <= len(written) <= 6  # the first poll's, then one a second
+    assert [w["impressions"] for w in written] == [1 + 10 * k for k in range(len(written))]

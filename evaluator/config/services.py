@@ -105,8 +105,8 @@ class EngineSettings(msgspec.Struct, forbid_unknown_fields=True):
 
     checkpoint_interval: str | int | None = None
     """How often an owned partition writes its checkpoint (state changes, offsets and
-    aggregate increments, atomically) while it works through a backlog; at the end of
-    its inputs it writes after every poll. Longer: less work per event, more to redo
+    aggregate increments, atomically), through a backlog and at the end of its inputs
+    alike. Longer: less work per event, more to redo
     after a crash, a readout that lags more. 0: after every poll. Default 1s."""
     finalised_ttl: str | int | None = None
     """How long (of data time) a finalised request's marker lives: within it, a

@@ -212,7 +212,7 @@ class Tasks:
                     owned.forwarded_ms = now
             owned.done += owned.engine.finalise_due(self.curves.group)
             owned.consumed = owned.consumed or bool(mine)
-            if forwarded or self._checkpoint_due(p, owned, caught_up, now):
+            if forwarded or self._checkpoint_due(owned, now):
                 due.append(p)
         self.settle()  # the last poll's checkpoints: one partition's writes stay in order
         writes = [w for p in due if p in self.owned and (w := self._take(p, self.owned[p]))]
@@ -274,19 +274,18 @@ class Tasks:
         local = {p: Marks(o.engine.own_ms, o.forwarded_ms) for p, o in self.owned.items()}
         return fresher(self.store.marks(), local)
 
-    def _checkpoint_due(self, p: int, owned: Owned, caught_up: Mapping[str, int], now: int) -> bool:
-        """Whether to checkpoint after this poll: every ``engine.checkpoint_interval``
-        while the partition works through a backlog (requests opened and finalised in
-        between never reach the store, and the aggregate increments of several polls go
-        in one write), at once when it is at the end of its inputs (the readout
-        follows live traffic without delay), or when much waits to be written. (One
-        that forwarded events checkpoints at once: its mark tells the other partitions
-        to wait for them.)"""
+    def _checkpoint_due(self, owned: Owned, now: int) -> bool:
+        """Whether to checkpoint after this poll: every ``engine.checkpoint_interval``,
+        through a backlog and at the end of the inputs alike (requests opened and
+        finalised in between never reach the store, and the aggregate increments of
+        several polls go in one write: keeping up with live traffic, a poll brings a
+        few events, and a checkpoint's fixed cost would outweigh them), or when much
+        waits to be written. (One that forwarded events checkpoints at once: its mark
+        tells the other partitions to wait for them.)"""
         last = owned.checkpointed_ms
         return (
             last is None
             or now - last >= self.interval_ms
-            or all(f"{name}:{p}" in caught_up for name in ("impressions", "interactions"))
             or owned.engine.state.unwritten() >= MAX_PENDING_FIELDS
         )
 
