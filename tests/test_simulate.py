@@ -73,7 +73,10 @@ def test_live_traffic_is_never_stamped_ahead_of_the_clock(live: bool) -> None:
     else an evaluator would refuse the traffic as from the future. Without ``live`` the
     same traffic (500 requests/s of event time, produced as fast as possible) runs ahead."""
     config = SimulationConfig(
-        seed=3, requests_per_second=500.0, start_ms=time.time_ns() // 1_000_000
+        seed=3,
+        requests_per_second=500.0,
+        start_ms=time.time_ns() // 1_000_000,
+        interaction_delay_ms=2_000,  # the last purchase within seconds, not minutes
     )
     sink = StampedSink()
     simulate(config, sink, 600, progress=False, live=live)
