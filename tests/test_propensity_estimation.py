@@ -209,3 +209,16 @@ def test_estimated_without_a_curve_says_it_did_not_adjust(tmp_path, capsys) -> N
     assert "adjusted nDCG equals raw" in captured.err
     block = report["variants"][next(iter(report["variants"]))]
     assert block["ndcg_adjusted"] == block["ndcg"]
+
+
+def test_identical_rows_merge_as_numpy_unique_merges_them() -> None:
+    """EM merges identical (shown, clicks) rows by a lexsort: the rows, their order (so
+    every later sum adds in the same order) and their counts are numpy's."""
+    from evaluator.core.propensity.em import _unique_rows
+
+    rng = np.random.default_rng(7)
+    for shape in ((0, 4), (1, 4), (500, 3), (20_000, 20)):
+        rows = rng.integers(-2, 3, size=shape).astype(np.int64)
+        want_rows, want_counts = np.unique(rows, axis=0, return_counts=True)
+        got_rows, got_counts = _unique_rows(rows)
+        assert np.array_equal(got_rows, want_rows) and np.array_equal(got_counts, want_counts)
