@@ -68,7 +68,7 @@ def _unique_rows(
     rows: npt.NDArray[np.int64],
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """``np.unique(rows, axis=0, return_counts=True)`` (the same rows in the same
-    lexicographic order) by a lexsort of the columns: ~10x faster on count rows."""
+    lexicographic order) by a lexsort of the columns: ~3x faster on count rows."""
     if not rows.shape[0]:
         return rows, np.zeros(0, np.int64)
     order = np.lexsort(rows.T[::-1])
