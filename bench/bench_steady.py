@@ -2,7 +2,7 @@
 
     make services && eval "$(python3 scripts/services.py env)"
     .venv/bin/python bench/bench_steady.py [--rate 3000] [--seconds 40] [--repeats 3]
-        [--client kafka-python|confluent]
+        [--client kafka-python|confluent] [--idle-after 35]
 
 ``bench_run.py`` measures a backlog: each poll brings thousands of events, so the
 costs paid once per batch (a chunk of columns, its indexes, a finalisation, a
@@ -11,8 +11,9 @@ polls what arrived since the last poll: at a few thousand events/s, tens of even
 a partition. This benchmark starts the evaluator on empty topics (4 partitions),
 produces the events of ``bench_run.py`` in event-time order at ``--rate`` events/s
 of wall time, and reports the evaluator's CPU per event from the first event to the
-last committed offset, beside its CPU per second when idle (measured before the
-traffic starts) and Redis's CPU per event. Settings under test come from the
+last committed offset, beside its CPU per second when idle (over 10 s before the
+traffic starts; with ``--idle-after 35``, once every partition is idle, past
+``event_time.idle_timeout``) and Redis's CPU per event. Settings under test come from the
 environment (``EVALUATOR_KAFKA__FETCH_MIN_BYTES=1`` ...), as in ``bench_run.py``.
 """
 
@@ -43,7 +44,7 @@ from bench_run import (
 from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 
-IDLE_S = 5.0
+IDLE_S = 10.0
 """Idle CPU is measured over this long, once the evaluator owns its partitions."""
 
 
@@ -82,6 +83,7 @@ def measure(
     log: Path,
     *,
     client_name: str,
+    idle_after_s: float = 0.0,
 ) -> Steady:
     name = f"steady-{uuid.uuid4().hex[:6]}"
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
@@ -101,6 +103,7 @@ def measure(
     try:
         # owned once it has checkpointed its partitions' claims
         wait_for(lambda: len(client.keys(f"{{{name}:*}}:pm")) == 4, 120, "the assignment")
+        time.sleep(idle_after_s)  # past event_time.idle_timeout: every partition idle
         idle_at, idle_t = process_cpu_s(proc.pid), time.perf_counter()
         time.sleep(IDLE_S)  # measuring idle CPU: nothing to wait for
         idle = (process_cpu_s(proc.pid) - idle_at) / (time.perf_counter() - idle_t)
@@ -139,6 +142,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=40.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--client", default="kafka-python", choices=["kafka-python", "confluent"])
+    parser.add_argument(
+        "--idle-after",
+        type=float,
+        default=0.0,
+        help="seconds after the assignment before idle CPU is measured; past "
+        "event_time.idle_timeout (30 s), every partition is idle",
+    )
     args = parser.parse_args()
     bootstrap = os.environ["KAFKA_BOOTSTRAP_SERVERS"]
     redis_url = os.environ["REDIS_URL"]
@@ -148,7 +158,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
             log = Path(tmp) / f"{i}.log"
-            got = measure(bootstrap, redis_url, stream, args.rate, log, client_name=args.client)
+            got = measure(
+                bootstrap,
+                redis_url,
+                stream,
+                args.rate,
+                log,
+                client_name=args.client,
+                idle_after_s=args.idle_after,
+            )
             runs.append(got)
             print(
                 f"  run {i + 1}: evaluator {got.cpu_us:.1f} CPU µs/event, Redis "

@@ -293,3 +293,44 @@ def test_at_the_end_of_its_inputs_a_partition_checkpoints_once_an_interval(make_
         tasks.clock_ms.now += 100  # type: ignore[attr-defined]
     assert 5 <= len(written) <= 6  # the first poll's, then one a second
     assert [w["impressions"] for w in written] == [1 + 10 * k for k in range(len(written))]
+
+
+def test_once_every_partition_is_idle_a_poll_waits_until_the_next_checkpoint(
+    make_store,
+) -> None:
+    """While an input may still deliver, the loop polls with the configured wait; once
+    every owned partition's inputs are idle (at their end for ``idle_timeout``), it
+    waits until the first checkpoint is due, at most ``IDLE_WAIT_MS``: an idle process
+    wakes about once a checkpoint, not every ``kafka.poll_timeout``."""
+    from evaluator.engine.loop import IDLE_WAIT_MS, idle_wait_ms
+
+    settings = load_settings(
+        environ={},
+        overrides={"kafka": {"partitioner": "trust"}, "event_time": {"idle_timeout": "10s"}},
+    )
+    store = make_store(settings.layout(2))
+    clock = FakeClock(1_000_000)
+    tasks = Tasks(store, tasks_config(settings, 2), clock_ms=clock)
+    assert idle_wait_ms(tasks) is None  # owns nothing yet
+    tasks.assign([0, 1])
+    confirmed = {f"{kind}:{p}": 0 for kind in ("impressions", "interactions") for p in (0, 1)}
+    waits = []
+    for _ in range(200):  # 20 s of empty polls 100 ms apart, every input confirmed at its end
+        now = clock.now
+        at_end = dict.fromkeys(confirmed, now)
+        if clock.now >= 1_005_000:  # partition 1's interactions only confirmed after 5 s
+            tasks.apply([], at_end)
+        else:
+            tasks.apply([], {k: v for k, v in at_end.items() if k != "interactions:1"})
+        waits.append((clock.now - 1_000_000, idle_wait_ms(tasks)))
+        clock.now += 100
+    busy = [at for at, wait in waits if wait is None]
+    idle = [(at, wait) for at, wait in waits if wait is not None]
+    # partition 0 is idle after 10 s, partition 1 only 10 s after its first confirmation
+    assert busy and max(busy) < 15_000 and min(at for at, _ in idle) >= 15_000
+    assert all(0 <= wait <= IDLE_WAIT_MS for _, wait in idle)
+    assert {wait for _, wait in idle} - {0, IDLE_WAIT_MS}  # less than the cap at times
+    # the wait ends when the next checkpoint is due (the interval after the last one)
+    at, wait = idle[-1]
+    first_due = min(o.checkpointed_ms for o in tasks.owned.values()) + tasks.interval_ms
+    assert wait == min(IDLE_WAIT_MS, max(0, first_due - (1_000_000 + at)))

@@ -193,6 +193,27 @@ def test_the_broker_holds_a_fetch_until_fetch_min_bytes_or_fetch_max_wait(
         source.close()
 
 
+def test_a_long_wait_ends_as_soon_as_a_record_arrives(kafka_bootstrap, redis_url, client) -> None:
+    """An idle process's poll asks to wait up to a second or more; a record produced
+    meanwhile still comes back as soon as the broker answers the fetch (within
+    ``kafka.fetch_max_wait``), not at the end of the wait."""
+    env = new_env(kafka_bootstrap, redis_url, partitions=1)
+    source = unclaimed_source(env, client)
+    try:
+        source.subscribe()
+        assigned(source)
+        producer = produce_paced(env, [("impressions", {"user_id": "u", "n": 0})], rate=1.0)
+        started = time.monotonic()
+        got: list[PartitionBatch] = []
+        while not any(b.payloads for b in got) and time.monotonic() - started < 120:
+            got += source.poll(30_000)
+        producer.join()
+        assert any(b.payloads for b in got)
+        assert time.monotonic() - started < 15  # not the 30 s each poll could wait
+    finally:
+        source.close()
+
+
 def test_with_latest_a_reload_reads_again_what_no_checkpoint_covers(
     kafka_bootstrap, redis_url, client
 ) -> None:

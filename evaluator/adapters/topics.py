@@ -197,6 +197,10 @@ class KafkaSourceBase:
         self._open()
         await_metadata(self.topics, [settings.impressions_topic, settings.interactions_topic], 30.0)
 
+    def wait_ms(self, wait_ms: int | None) -> int:
+        """How long a poll waits for records: ``wait_ms``, at least ``kafka.poll_timeout``."""
+        return self.poll_timeout_ms if wait_ms is None else max(wait_ms, self.poll_timeout_ms)
+
     def _open(self) -> None:
         """Create the consumer and ``self.topics`` (a retry cannot help a refusal here:
         raise ConfigError)."""

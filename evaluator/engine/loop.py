@@ -24,6 +24,12 @@ ENDS_EVERY_S = 0.25
 """How often the broker is asked for end offsets (lag, and whether inputs are idle): each
 answer is a confirmation that partitions waiting on forwarding bounds need, so it sets
 how soon they finalise after a backlog. On a connection of its own, one costs ~1 ms."""
+IDLE_WAIT_MS = 1_000
+"""The longest a poll waits for records once every owned partition is idle (its inputs
+at their end for ``idle_timeout``): a record still ends the wait at once, and nothing
+waits on confirmations or the wall clock more often than the checkpoints. An idle
+process then used a third of the CPU it did polling every ``kafka.poll_timeout``
+(BENCHMARKS.md, session 38). A stop waits as long at most."""
 ASSIGNMENT_TIMEOUT_S = 30.0
 """Rejoin the group when a rebalance produced no assignment for this long (a stall), or
 for twice the session timeout if longer: a rebalance waits that long for a dead member."""
@@ -81,7 +87,7 @@ def _loop(source: Source, tasks: Tasks, health: Health, stop: threading.Event) -
             source.subscribe()
             source.awaiting_since = health.beat
         try:
-            batches = source.poll()
+            batches = source.poll(idle_wait_ms(tasks))
         except Exception as exc:  # the broker is unreachable: poll again after a pause
             health.kafka_error = str(exc) or type(exc).__name__
             log.error("polling failed, retrying in %.1fs: %s", delay, health.kafka_error)
@@ -105,6 +111,19 @@ def _loop(source: Source, tasks: Tasks, health: Health, stop: threading.Event) -
         if time.monotonic() >= next_lag:
             refresh_ends(source, health)
             next_lag = time.monotonic() + ENDS_EVERY_S
+
+
+def idle_wait_ms(tasks: Tasks) -> int | None:
+    """How long the next poll may wait when every owned partition is idle: until the
+    first checkpoint is due (an idle partition's watermark follows the wall clock), at
+    most :data:`IDLE_WAIT_MS`; None otherwise (the configured ``kafka.poll_timeout``)."""
+    owned = list(tasks.owned.values())
+    if not owned or not all(o.engine.idle() for o in owned):
+        return None
+    now = tasks.clock_ms()
+    last = [now if o.checkpointed_ms is None else o.checkpointed_ms for o in owned]
+    due = min(last) + tasks.interval_ms - now
+    return min(max(due, 0), IDLE_WAIT_MS)
 
 
 def _apply(

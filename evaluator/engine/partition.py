@@ -345,6 +345,12 @@ class PartitionEngine:
                 self.state.drop_exposures(experiment.name)
                 self._ended.add(experiment.name)
 
+    def idle(self) -> bool:
+        """Whether every input is idle (the watermark follows the wall clock)."""
+        idle_ms, eager = self.config.idle_timeout_ms, self.config.eager
+        busy = (c.busy(0 if n in eager else idle_ms) for n, c in self.inputs.items())
+        return bool(self.inputs) and not any(busy)
+
     def readout_ms(self) -> int | None:
         """The watermark, capped at the data's own time (minus the out-of-orderness)."""
         if self.watermark_ms is None:

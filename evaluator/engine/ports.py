@@ -159,8 +159,10 @@ class Source(Protocol):
         """(Re)join the group."""
         ...
 
-    def poll(self) -> list[PartitionBatch]:
-        """One poll's messages, grouped by input partition."""
+    def poll(self, wait_ms: int | None = None) -> list[PartitionBatch]:
+        """One poll's messages, grouped by input partition; it waits up to ``wait_ms``
+        for records (None, or less than ``kafka.poll_timeout``: that long), and returns
+        as soon as some arrive."""
         ...
 
     def caught_up(self) -> dict[str, int]:

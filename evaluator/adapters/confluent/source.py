@@ -150,19 +150,33 @@ class ConfluentSource(KafkaSourceBase):
 
     # -- consuming -------------------------------------------------------------------
 
-    def poll(self) -> list[PartitionBatch]:
+    def poll(self, wait_ms: int | None = None) -> list[PartitionBatch]:
         """One poll: at most ``max_poll_records`` messages, grouped by partition."""
-        messages = self.consumer.consume(
-            num_messages=self.settings.max_poll_records, timeout=self.poll_timeout_ms / 1000.0
-        )
         grouped: dict[tuple[str, int], list[Message]] = {}
-        for m in messages:
+        for m in self._messages(self.wait_ms(wait_ms)):
             error = m.error()
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
                     continue
                 raise KafkaException(error)
             grouped.setdefault((str(m.topic()), int(m.partition() or 0)), []).append(m)
+        return self._batches(grouped)
+
+    def _messages(self, wait_ms: int) -> list[Message]:
+        """Up to ``max_poll_records`` messages. librdkafka's ``consume`` waits its whole
+        timeout unless it fills the batch: a longer wait than ``kafka.poll_timeout`` (an
+        idle process's) waits for the first message alone, then takes what has come."""
+        most = self.settings.max_poll_records
+        if wait_ms <= self.poll_timeout_ms:
+            return list(self.consumer.consume(num_messages=most, timeout=wait_ms / 1000.0))
+        first = self.consumer.poll(wait_ms / 1000.0)
+        if first is None:
+            return []
+        rest = self.consumer.consume(num_messages=most - 1, timeout=0) if most > 1 else []
+        return [first, *rest]
+
+    def _batches(self, grouped: dict[tuple[str, int], list[Message]]) -> list[PartitionBatch]:
+        """A batch per partition, its position moved past them."""
         batches = []
         for (topic, number), mine in grouped.items():
             offsets = [int(m.offset() or 0) for m in mine]

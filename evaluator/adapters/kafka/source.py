@@ -231,7 +231,7 @@ class KafkaSource(KafkaSourceBase):
     def name(self, tp: TopicPartition) -> str:
         return f"{self.kinds.get(tp.topic, tp.topic)}:{tp.partition}"
 
-    def poll(self) -> list[PartitionBatch]:
+    def poll(self, wait_ms: int | None = None) -> list[PartitionBatch]:
         """One poll: at most ``max_poll_records`` messages, grouped by partition."""
         if self._unplaced:
             for tp in self._unplaced & self.consumer.assignment():
@@ -239,7 +239,7 @@ class KafkaSource(KafkaSourceBase):
                     self._origin[tp] = at
             self._unplaced.clear()
         records = self.consumer.poll(
-            timeout_ms=self.poll_timeout_ms, max_records=self.settings.max_poll_records
+            timeout_ms=self.wait_ms(wait_ms), max_records=self.settings.max_poll_records
         )
         batches = []
         for tp, messages in records.items():
