@@ -313,11 +313,10 @@ def test_once_every_partition_is_idle_a_poll_waits_until_the_next_checkpoint(
     tasks = Tasks(store, tasks_config(settings, 2), clock_ms=clock)
     assert idle_wait_ms(tasks) is None  # owns nothing yet
     tasks.assign([0, 1])
-    confirmed = {f"{kind}:{p}": 0 for kind in ("impressions", "interactions") for p in (0, 1)}
+    inputs = [f"{kind}:{p}" for kind in ("impressions", "interactions") for p in (0, 1)]
     waits = []
     for _ in range(200):  # 20 s of empty polls 100 ms apart, every input confirmed at its end
-        now = clock.now
-        at_end = dict.fromkeys(confirmed, now)
+        at_end = dict.fromkeys(inputs, clock.now)
         if clock.now >= 1_005_000:  # partition 1's interactions only confirmed after 5 s
             tasks.apply([], at_end)
         else:
