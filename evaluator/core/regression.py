@@ -32,6 +32,7 @@ each readout over the last ``span_ms``, gives the same answer everywhere.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -106,10 +107,12 @@ class RegressionRules:
         return cusum_threshold(arl * (1 + self.lead_slots), self.shift / 2)
 
 
+@functools.lru_cache(maxsize=64)
 def cusum_threshold(arl: float, drift: float) -> float:
     """The threshold giving a one-sided CUSUM of N(0, 1) increments with reference
     ``drift`` an in-control average run length ``arl`` (Siegmund 1985:
-    ``ARL ≈ (e^{2kb} − 2kb − 1) / 2k²``, ``b = h + 1.166``), by bisection."""
+    ``ARL ≈ (e^{2kb} − 2kb − 1) / 2k²``, ``b = h + 1.166``), by bisection (cached: a
+    readout asks it once per variant and cutoff)."""
 
     def run_length(h: float) -> float:
         a = 2 * drift * (h + 1.166)
@@ -282,17 +285,18 @@ def _mean(series: Series, t: I64) -> tuple[FloatArray, FloatArray]:
 
 
 def _baseline(rules: RegressionRules, series: Series, t: I64) -> tuple[FloatArray, Series]:
-    """Slots ``t``'s baseline requests, and its (requests, sum, squares) as a series."""
+    """Slots ``t``'s baseline requests, and its (requests, sum, squares) as a series.
+    The three columns go through one cumulative sum (row by row, as each alone)."""
     week, m = WEEK_MS // rules.slot_ms, rules.neighbourhood_slots
     size = len(series[0])
-    sums = [np.concatenate([[0.0], np.cumsum(c)]) for c in series]
-    out = [np.zeros(len(t)) for _ in sums]
+    sums = np.zeros((size + 1, 3))
+    np.cumsum(np.stack(series, axis=1), axis=0, out=sums[1:])
+    out = np.zeros((len(t), 3))
     for w in range(1, rules.baseline_weeks + 1):
-        lo = np.clip(t - w * week - m, 0, size)
-        hi = np.clip(t - w * week + m + 1, 0, size)
-        for j, c in enumerate(sums):
-            out[j] += c[hi] - c[lo]
-    return out[0], (out[0], out[1], out[2])
+        at = t - w * week
+        hi = np.minimum(np.maximum(at + (m + 1), 0), size)  # np.clip, without its wrapper
+        out += sums[hi] - sums[np.minimum(np.maximum(at - m, 0), size)]
+    return out[:, 0], (out[:, 0], out[:, 1], out[:, 2])
 
 
 def _residuals(
@@ -352,17 +356,22 @@ def _detect_one(
     scale = np.sqrt(sampling + tau2)
     z = np.divide(r, scale, out=np.zeros_like(r), where=armed & np.isfinite(scale) & (scale > 0))
     h, drift = rules.threshold, rules.shift / 2
-    cusum, began, flagged = 0.0, -1, False
+    cusum, began, flagged, cap = 0.0, -1, False, 1.5 * h
     first = (len(dense) - rules.span_ms // rules.slot_ms) * rules.slot_ms + start
-    for j in np.flatnonzero(armed).tolist():
+    slots = np.flatnonzero(armed)
+    for j, zj in zip(slots.tolist(), z[slots].tolist(), strict=True):  # Python floats
         if cusum == 0.0:
             began = j
-        cusum = min(max(0.0, cusum - float(z[j]) - drift), 1.5 * h)
+        cusum = cusum - zj - drift
+        if not cusum > 0.0:  # max(0.0, ...): -0.0 and NaN become 0.0 as there
+            cusum = 0.0
+        elif cusum > cap:
+            cusum = cap
         if cusum >= h:
             flagged = True
         elif cusum == 0.0:  # flagged until the excursion ends (no flapping near h)
             flagged = False
-    last = int(np.flatnonzero(armed)[-1])
+    last = int(slots[-1])
     since = first + began * rules.slot_ms if cusum > 0 else None
     return Detection(cusum / h, flagged, since, float(x[last]), float(b[last]), True, *early)
 
