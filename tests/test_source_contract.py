@@ -299,16 +299,19 @@ def test_end_offsets_come_back_after_a_broker_restart(redis_url, client, tmp_pat
         env.produce("impressions", [("u", b"b")])
         poll_until(source, lambda b: b"b" in [p for x in b for p in x.payloads], timeout=60)
         deadline = time.monotonic() + 15  # the broker answers fetches: it answers this too
+        last_error: Exception | None = None
         while time.monotonic() < deadline:
             try:
                 source.refresh_ends()
-            except Exception:  # the broker may still be electing: ask again
+            except Exception as exc:  # the broker may still be electing: ask again
+                last_error = exc
                 source.poll()
                 continue
             if "impressions:0" in source.caught_up():
                 break
-        assert "impressions:0" in source.caught_up()
-        assert source.lag()["impressions:0"] == 0
+        why = f"caught up {source.caught_up()}, lag {source.lag()}, last error {last_error!r}"
+        assert "impressions:0" in source.caught_up(), why
+        assert source.lag()["impressions:0"] == 0, why
     finally:
         if source is not None:
             source.close()
