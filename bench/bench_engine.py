@@ -11,13 +11,16 @@ interactions, 20 ms apart) go through ``Tasks.apply``, the batch entry point tha
 both inputs (500 impressions a poll by default), with a synthetic clock of 100 ms
 per poll (so every run checkpoints alike: every 10 polls, at the default
 ``engine.checkpoint_interval`` of 1 s, as a live run far behind its input does) and
-the attribution window of ``--attribution-window`` (5m: most requests finalise
-within the run). With ``--partitions N`` the events are keyed by user over N
-partitions, all owned by this process, as ``bench_run.py``'s topics (4 partitions)
-are: each poll then brings a batch per partition and kind, and each partition
-ingests, finalises and checkpoints its own, so the fixed cost of each call counts
-as it does live. Checkpoints are written in line (not behind
-the next poll), so the process CPU measured is all of the engine's work: decoding
+the attribution window of ``--attribution-window`` (5m). After the last poll the
+inputs reach their end (confirmed, then idle) and the clock runs on in 5 s polls until
+every request is finalised, as a live process finalises them at the end of its inputs
+(``--no-drain``: stop at the last poll, as before session 39; that left the last
+window's requests open, 62% of them at 30,000 requests). With ``--partitions N`` the
+events are keyed by user over N partitions, all owned by this process, as
+``bench_run.py``'s topics (4 partitions) are: each poll then brings a batch per
+partition and kind, and each partition ingests, finalises and checkpoints its own, so
+the fixed cost of each call counts as it does live. Checkpoints are written in line
+(not behind the next poll), so the process CPU measured is all of the engine's work: decoding
 and routing, ingestion, finalisation and scoring, window aggregates and the
 checkpoint's encoding and client calls. Reported: CPU µs per event in this process
 (median of the repeats), Redis' own CPU per event, with ``--stages`` the CPU of each
@@ -153,6 +156,7 @@ def run_once(
     held: int = 0,
     exposed: int = 0,
     held_open: int = 0,
+    drain: bool = True,
 ) -> float:
     """CPU seconds of this process to apply every poll of ``feed``, whose events are
     keyed by user over ``partitions`` partitions (as kafka-python's producer would place
@@ -161,7 +165,8 @@ def run_once(
     holds before the first poll, as after ``engine.finalised_ttl`` of traffic;
     ``exposed``: users of the ``default`` experiment each partition has seen;
     ``held_open``: requests each partition holds open through the run, as a long
-    attribution window leaves them."""
+    attribution window leaves them. ``drain``: then the inputs' end (:func:`drain_inputs`),
+    so every request of the run is finalised in it."""
     clock = [T0]
     config = tasks_config(settings, partitions)  # type: ignore[arg-type]
     tasks = Tasks(store, config, clock_ms=lambda: clock[0])
@@ -181,7 +186,22 @@ def run_once(
             offsets_of = range(first, first + len(part))
             batches.append(PartitionBatch(kind, name, part, offsets_of))  # type: ignore[arg-type]
         tasks.apply(batches, {})
+    if drain:
+        drain_inputs(tasks, clock, partitions)
     return time.process_time() - started
+
+
+def drain_inputs(tasks: Tasks, clock: list[int], partitions: int) -> None:
+    """The end of the inputs, as a live process meets it: every input confirmed at its
+    end offset and nothing new, polls 5 s apart, until the partitions are idle and the
+    watermark, following the clock, has finalised every open request (at most an
+    hour of polls)."""
+    inputs = tasks.config.inputs
+    for _ in range(720):
+        if not any(o.engine.open_requests() for o in tasks.owned.values()):
+            return
+        clock[0] += 5_000
+        tasks.apply([], {f"{name}:{p}": clock[0] for name in inputs for p in range(partitions)})
 
 
 def hold_markers(markers: Markers, held: int) -> None:
@@ -294,6 +314,13 @@ def main() -> None:
         default=0,
         help="requests each partition holds open through the run (a long attribution window)",
     )
+    parser.add_argument(
+        "--no-drain",
+        dest="drain",
+        action="store_false",
+        help="stop at the last poll (before session 39: requests of the run's last "
+        "window plus lateness stay open, 62%% of them at 30,000 requests and 5m)",
+    )
     parser.add_argument("--profile", action="store_true")
     parser.add_argument(
         "--stages", action="store_true", help="CPU per event of each stage (TIMED), all runs"
@@ -333,6 +360,7 @@ def main() -> None:
             held=args.held_markers,
             exposed=args.exposed_users,
             held_open=args.held_open,
+            drain=args.drain,
         )
         profile.disable()
         if not profiled:
@@ -347,6 +375,7 @@ def main() -> None:
         f"{args.attribution_window}, {args.store} store, {args.partitions} partition(s), "
         f"{args.held_markers:,} markers, {args.exposed_users:,} exposed users and "
         f"{args.held_open:,} open requests held, "
+        f"{'every request finalised (the inputs drained)' if args.drain else 'no drain'}, "
         f"median of {args.repeats}"
     )
     print(
