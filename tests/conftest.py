@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _services_env() -> tuple[dict[str, str], bool]:
     """Settings of running services: from the environment, else `scripts/services.py
-    start`; and whether this call started them (then the session stops them)."""
+    start`; and whether this call started them (then the session stops them). Raises
+    RuntimeError with the script's reason if they could not start."""
     given = ("KAFKA_BOOTSTRAP_SERVERS", "REDIS_URL", "REDIS_CLUSTER_URL")
     if os.environ.get("KAFKA_BOOTSTRAP_SERVERS") and os.environ.get("REDIS_URL"):
         return {k: os.environ[k] for k in given if os.environ.get(k)}, False
@@ -28,7 +29,7 @@ def _services_env() -> tuple[dict[str, str], bool]:
         check=False,
     )
     if proc.returncode != 0:
-        pytest.fail(f"could not start Kafka and Redis: {proc.stderr.strip()}")
+        raise RuntimeError(f"could not start Kafka and Redis: {proc.stderr.strip()}")
     env = {}
     for line in proc.stdout.splitlines():
         key, _, value = line.removeprefix("export ").partition("=")
@@ -36,19 +37,54 @@ def _services_env() -> tuple[dict[str, str], bool]:
     return env, "services: started" in proc.stderr
 
 
+def _stop_services() -> None:
+    if os.environ.get("KEEP_SERVICES"):
+        return
+    subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "services.py"), "stop"],
+        capture_output=True,
+        check=False,
+    )
+    _STOPPED.append(True)
+
+
+_STARTED_FOR_WORKERS: list[bool] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With pytest-xdist's workers (``make test`` runs two), the controller starts the
+    services once, before the workers, which inherit their settings: workers starting
+    them on their own would race for the one state folder. A run without workers
+    starts them when its first test needs them."""
+    if hasattr(config, "workerinput") or not config.getoption("numprocesses", default=None):
+        return
+    try:
+        env, started = _services_env()
+    except RuntimeError as error:
+        pytest.exit(str(error), returncode=pytest.ExitCode.INTERNAL_ERROR)
+    os.environ.update(env)
+    if started:
+        _STARTED_FOR_WORKERS.append(True)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The controller stops the services it started for its workers."""
+    if _STARTED_FOR_WORKERS and not hasattr(session.config, "workerinput"):
+        _STARTED_FOR_WORKERS.clear()
+        _stop_services()
+
+
 @pytest.fixture(scope="session")
 def services() -> Iterator[dict[str, str]]:
     """The services for the session. Those this session started are stopped at its end
     (ones already running, or given by the environment, are left alone)."""
-    env, started = _services_env()
+    try:
+        env, started = _services_env()
+    except RuntimeError as error:
+        pytest.fail(str(error))
     yield env
-    if started and not os.environ.get("KEEP_SERVICES"):
-        subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "services.py"), "stop"],
-            capture_output=True,
-            check=False,
-        )
-        _STOPPED.append(True)
+    if started:
+        _stop_services()
 
 
 _STOPPED: list[bool] = []
