@@ -3,16 +3,16 @@
     make services && eval "$(python3 scripts/services.py env)"
     .venv/bin/python bench/bench_instructions.py [--requests 30000] [--partitions 4]
         [--poll-ms 16000] [--store redis|memory] [--warm-book] [--regression on|final|off]
-        [--twice] [--no-replay]
+        [--twice] [--no-replay] [--checkpoint-interval 1s]
 
-It needs valgrind (Debian's ``valgrind`` package). The CPU time of ``bench_engine.py`` moves by 20% and more from minute to minute on the
-shared VMs (BENCHMARKS.md, sessions 35-41), so a change of 5-10% takes many paired
-runs to see. This runs the same work under valgrind's cachegrind, which counts the
-instructions a process executes: the same count for the same code and inputs,
-whatever else the machine does (the hash seed is fixed). Each figure is the count of
-a child that does the work less the count of a child that does all but the work
-(imports, the events made, the store and the tasks set up), so only the work
-remains:
+It needs valgrind (Debian's ``valgrind`` package). The CPU time of
+``bench_engine.py`` moves by 20% and more from minute to minute on the shared VMs
+(BENCHMARKS.md, sessions 35-41), so a change of 5-10% takes many paired runs to see.
+This runs the same work under valgrind's cachegrind, which counts the instructions a
+process executes: the same count for the same code and inputs, whatever else the
+machine does (the hash seed is fixed). Each figure is the count of a child that does
+the work less the count of a child that does all but the work (imports, the events
+made, the store and the tasks set up), so only the work remains:
 
 - the engine: ``bench_engine.run_once`` over the same polls as ``bench_engine.py``
   (``Tasks.apply`` per poll, checkpoints in line, the inputs drained);
@@ -77,6 +77,8 @@ def count(mode: str, args: argparse.Namespace, folder: str) -> int:
         args.regression,
         "--prefix",
         args.prefix,
+        "--checkpoint-interval",
+        args.checkpoint_interval,
     ] + (["--warm-book"] if args.warm_book else [])
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     command = [
@@ -124,6 +126,7 @@ def child(args: argparse.Namespace) -> None:
         "join": {"attribution_window": "5m"},
         "redis": {"key_prefix": args.prefix},
         "regression": be.REGRESSION[args.regression],
+        "engine": {"checkpoint_interval": args.checkpoint_interval},
     }
     settings = load_settings(environ={}, overrides=overrides)
     if args.child.startswith("engine"):
@@ -157,6 +160,12 @@ def main() -> None:
     parser.add_argument("--store", choices=["redis", "memory"], default="redis")
     parser.add_argument("--regression", choices=["on", "no-maturity", "final", "off"], default="on")
     parser.add_argument("--warm-book", action="store_true")
+    parser.add_argument(
+        "--checkpoint-interval",
+        default="1s",
+        help="engine.checkpoint_interval; the synthetic clock moves 100 ms a poll (as in "
+        "bench_engine.py), so the default checkpoints every 10 polls and 0 after each",
+    )
     parser.add_argument("--twice", action="store_true", help="count the engine twice")
     parser.add_argument("--no-replay", dest="replay", action="store_false")
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
