@@ -3,7 +3,7 @@
     make services && eval "$(python3 scripts/services.py env)"
     .venv/bin/python bench/bench_instructions.py [--requests 30000] [--partitions 4]
         [--poll-ms 16000] [--store redis|memory] [--warm-book] [--regression on|final|off]
-        [--twice] [--no-replay] [--checkpoint-interval 1s]
+        [--twice] [--no-replay] [--no-engine] [--checkpoint-interval 1s]
 
 It needs valgrind (Debian's ``valgrind`` package). The CPU time of
 ``bench_engine.py`` moves by 20% and more from minute to minute on the shared VMs
@@ -16,8 +16,9 @@ made, the store and the tasks set up), so only the work remains:
 
 - the engine: ``bench_engine.run_once`` over the same polls as ``bench_engine.py``
   (``Tasks.apply`` per poll, checkpoints in line, the inputs drained);
-- replay: ``evaluate_files`` on the same events written as JSON Lines (both of its
-  processes counted: valgrind follows its fork).
+- replay: ``evaluate_files`` on the same events written as JSON Lines, its work in
+  one process (it forks a second from 50,000 requests or 4 MB: a forked child's
+  count would start from its parent's).
 
 Reported: instructions per event of each, and the engine's as a multiple of
 replay's, the whole-file batch path over the same join and scores. The Redis
@@ -80,7 +81,8 @@ def count(mode: str, args: argparse.Namespace, folder: str) -> int:
         "--checkpoint-interval",
         args.checkpoint_interval,
     ] + (["--warm-book"] if args.warm_book else [])
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    # one BLAS thread: threads that spin while they wait would count as work
+    env = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     command = [
         "setarch",
         "-R",
@@ -116,7 +118,7 @@ def child(args: argparse.Namespace) -> None:
     import bench_engine as be
     from _common import T0
 
-    from evaluator.app.replay import evaluate_files
+    from evaluator.app import replay
     from evaluator.config import load_settings
     from evaluator.engine.runtime import tune_gc
 
@@ -149,7 +151,9 @@ def child(args: argparse.Namespace) -> None:
             path.write_bytes(b"\n".join(payloads) + b"\n")
             files.append(path)
         if args.child == "replay":
-            evaluate_files(*files, settings, progress=False, now_ms=T0 + 10**12)
+            # in one process: a forked child's count would include its parent's so far
+            replay.PARALLEL_MIN_BYTES = replay.PARALLEL_MIN_REQUESTS = 2**62
+            replay.evaluate_files(*files, settings, progress=False, now_ms=T0 + 10**12)
 
 
 def main() -> None:
@@ -168,6 +172,7 @@ def main() -> None:
     )
     parser.add_argument("--twice", action="store_true", help="count the engine twice")
     parser.add_argument("--no-replay", dest="replay", action="store_false")
+    parser.add_argument("--no-engine", dest="engine", action="store_false")
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--prefix", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -176,12 +181,12 @@ def main() -> None:
         return
     args.prefix = f"bench-instr-{uuid.uuid4().hex[:6]}"
     with tempfile.TemporaryDirectory() as folder:
-        modes = MODES if args.replay else MODES[:2]
+        modes = [m for m in MODES if (args.replay or "replay" not in m)]
+        modes = [m for m in modes if (args.engine or "engine" not in m)]
         counted = {mode: count(mode, args, folder) for mode in modes}
         again = count("engine", args, folder) if args.twice else None
     imps, ints = make_events(args.requests)
     events = len(imps) + len(ints)
-    engine = (counted["engine"] - counted["engine-setup"]) / events
     print(f"machine: {machine()}")
     print(
         f"{events:,} events ({len(imps):,} impressions of 20 items), polls of "
@@ -189,13 +194,17 @@ def main() -> None:
         f"{args.store} store, regression {args.regression}"
         f"{', a warm codebook' if args.warm_book else ''}; instructions counted by cachegrind"
     )
-    print(f"  the engine in process: {engine:,.0f} instructions per event")
+    engine = None
+    if args.engine:
+        engine = (counted["engine"] - counted["engine-setup"]) / events
+        print(f"  the engine in process: {engine:,.0f} instructions per event")
     if again is not None:
         print(f"  the engine, counted again: {(again - counted['engine-setup']) / events:,.0f}")
     if args.replay:
         replay = (counted["replay"] - counted["replay-setup"]) / events
         print(f"  evaluator replay of the same events: {replay:,.0f} instructions per event")
-        print(f"  the engine at {engine / replay:.2f}x replay")
+        if engine is not None:
+            print(f"  the engine at {engine / replay:.2f}x replay")
 
 
 if __name__ == "__main__":
