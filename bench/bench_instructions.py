@@ -61,26 +61,30 @@ def make_events(requests: int) -> tuple[list[bytes], list[bytes]]:
 def count(mode: str, args: argparse.Namespace, folder: str) -> int:
     """Instructions of a child running ``mode`` (every process it forks included)."""
     out = os.path.join(folder, f"{mode}.%p")
-    child = [
-        sys.executable,
-        str(HERE / "bench_instructions.py"),
-        "--child",
-        mode,
-        "--requests",
-        str(args.requests),
-        "--partitions",
-        str(args.partitions),
-        "--poll-ms",
-        str(args.poll_ms),
-        "--store",
-        args.store,
-        "--regression",
-        args.regression,
-        "--prefix",
-        args.prefix,
-        "--checkpoint-interval",
-        args.checkpoint_interval,
-    ] + (["--warm-book"] if args.warm_book else [])
+    child = (
+        [
+            sys.executable,
+            str(HERE / "bench_instructions.py"),
+            "--child",
+            mode,
+            "--requests",
+            str(args.requests),
+            "--partitions",
+            str(args.partitions),
+            "--poll-ms",
+            str(args.poll_ms),
+            "--store",
+            args.store,
+            "--regression",
+            args.regression,
+            "--prefix",
+            args.prefix,
+            "--checkpoint-interval",
+            args.checkpoint_interval,
+        ]
+        + (["--warm-book"] if args.warm_book else [])
+        + ([] if args.interactions else ["--no-interactions"])
+    )
     # one BLAS thread: threads that spin while they wait would count as work
     env = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     command = [
@@ -124,6 +128,8 @@ def child(args: argparse.Namespace) -> None:
 
     tune_gc()  # as ``evaluator run`` and bench_engine.py
     imps, ints = make_events(args.requests)
+    if not args.interactions:
+        ints = []
     overrides = {
         "join": {"attribution_window": "5m"},
         "redis": {"key_prefix": args.prefix},
@@ -173,6 +179,12 @@ def main() -> None:
     parser.add_argument("--twice", action="store_true", help="count the engine twice")
     parser.add_argument("--no-replay", dest="replay", action="store_false")
     parser.add_argument("--no-engine", dest="engine", action="store_false")
+    parser.add_argument(
+        "--no-interactions",
+        dest="interactions",
+        action="store_false",
+        help="impressions only (per event of the full run: what the interactions cost)",
+    )
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--prefix", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -192,7 +204,9 @@ def main() -> None:
         f"{events:,} events ({len(imps):,} impressions of 20 items), polls of "
         f"{args.poll_ms // 1000} s of event time over {args.partitions} partition(s), "
         f"{args.store} store, regression {args.regression}"
-        f"{', a warm codebook' if args.warm_book else ''}; instructions counted by cachegrind"
+        f"{', a warm codebook' if args.warm_book else ''}"
+        f"{'' if args.interactions else ', impressions only (per event of the full run)'}"
+        "; instructions counted by cachegrind"
     )
     engine = None
     if args.engine:
