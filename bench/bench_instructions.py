@@ -4,6 +4,7 @@
     .venv/bin/python bench/bench_instructions.py [--requests 30000] [--partitions 4]
         [--poll-ms 16000] [--store redis|memory] [--warm-book] [--regression on|final|off]
         [--twice] [--no-replay] [--no-engine] [--checkpoint-interval 1s]
+        [--no-interactions] [--set SECTION.KEY=VALUE ...]
 
 It needs valgrind (Debian's ``valgrind`` package). The CPU time of
 ``bench_engine.py`` moves by 20% and more from minute to minute on the shared VMs
@@ -136,6 +137,10 @@ def child(args: argparse.Namespace) -> None:
         "regression": be.REGRESSION[args.regression],
         "engine": {"checkpoint_interval": args.checkpoint_interval},
     }
+    for item in args.set:  # section.key=value
+        name, value = item.split("=", 1)
+        section, key = name.split(".", 1)
+        overrides.setdefault(section, {})[key] = int(value) if value.isdigit() else value
     settings = load_settings(environ={}, overrides=overrides)
     if args.child.startswith("engine"):
         feed = be.split(be.polls(imps, ints, args.poll_ms), args.partitions)
@@ -184,6 +189,13 @@ def main() -> None:
         dest="interactions",
         action="store_false",
         help="impressions only (per event of the full run: what the interactions cost)",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="a setting for the run, e.g. windows.user_buckets=16 (repeatable)",
     )
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--prefix", default="", help=argparse.SUPPRESS)
