@@ -84,6 +84,7 @@ def count(mode: str, args: argparse.Namespace, folder: str) -> int:
             "--checkpoint-interval",
             args.checkpoint_interval,
         ]
+        + [f"--set={item}" for item in args.set]
         + (["--warm-book"] if args.warm_book else [])
         + ([] if args.interactions else ["--no-interactions"])
     )
@@ -217,7 +218,7 @@ def main() -> None:
         modes = [m for m in MODES if (args.replay or "replay" not in m)]
         modes = [m for m in modes if (args.engine or "engine" not in m)]
         counted = {mode: count(mode, args, folder) for mode in modes}
-        again = count("engine", args, folder) if args.twice else None
+        again = count("engine", args, folder) if args.twice and args.engine else None
     imps, ints = make_events(args.requests)
     events = len(imps) + len(ints)
     print(f"machine: {machine()}")
