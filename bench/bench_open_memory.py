@@ -1,23 +1,34 @@
 """Memory per open request of a live `evaluator run`: process RSS and Redis, after a warm-up.
 
     make services && eval "$(python3 scripts/services.py env)"
-    .venv/bin/python bench/bench_open_memory.py [--requests 100000] [--warmup 20000]
+    .venv/bin/python bench/bench_open_memory.py [--requests 100000] [--warmup 60000]
+        [--steps 4]
 
 One `python -m evaluator run` (defaults, but a 24 h attribution window, so nothing
 is finalised) consumes ``--warmup`` impressions of 20 items with a diversity
 attribute (a catalog of 50,000 items, ids as long as real ones); then
-``--requests`` more. Reported: the growth of the process's resident set (VmRSS)
-and of Redis's ``used_memory`` between the two points (each taken once every
-offset is committed, so the state is checkpointed), per open request added. The
-warm-up takes the one-off costs (imports, the codebook of the catalog, buffers)
-out of the figure, as they would be out of a long-running process's.
+``--requests`` more, in ``--steps`` equal steps. Reported: the growth of the
+process's resident set (VmRSS) and of Redis's ``used_memory`` per open request
+added, from the warm-up's end to the last step (each point taken once every
+offset is committed, so the state is checkpointed), and over the steps: each
+step's and the least-squares slope through every point. The warm-up takes the
+one-off costs out of the figure, as they would be out of a long-running
+process's: imports, buffers, the allocators' pools, and the codebook of the
+catalog, which each of the 4 partitions holds for itself. 60,000 impressions give
+each partition 300,000 item draws, so its codebook holds all but ~0.25% of the
+catalog; the 20,000 of sessions 26-41 gave 100,000, and ~14% of the catalog per
+partition (27,000 strings of the 4 codebooks, ~25 bytes per open request) then
+entered the figure, with the allocators' growth to their steady state: 300-560
+bytes from run to run where 60,000 give 150-240 (BENCHMARKS.md, session 42).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
+import statistics
 import subprocess
 import tempfile
 import time
@@ -57,12 +68,14 @@ def wait_committed(
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=100_000)
-    parser.add_argument("--warmup", type=int, default=20_000)
+    parser.add_argument("--warmup", type=int, default=60_000)
+    parser.add_argument("--steps", type=int, default=4)
     args = parser.parse_args()
     bootstrap, url = os.environ["KAFKA_BOOTSTRAP_SERVERS"], os.environ["REDIS_URL"]
     name = f"bench-open-{uuid.uuid4().hex[:6]}"
     payloads = impressions(args.warmup + args.requests, long_ids=True)
     warm, rest = payloads[: args.warmup], payloads[args.warmup :]
+    bounds = [round(args.requests * k / args.steps) for k in range(args.steps + 1)]
     produce(bootstrap, name, warm, [])
     env = {
         **evaluator_env(bootstrap, url, name, name),
@@ -75,28 +88,43 @@ def main() -> None:
         proc = start_evaluator(env, log)
         try:
             wait_committed(admin, f"{name}-eval", len(warm), proc)
-            rss0, redis0 = rss_bytes(proc.pid), client.info("memory")["used_memory"]
+            points = [(rss_bytes(proc.pid), client.info("memory")["used_memory"])]
             from kafka import KafkaProducer
 
             producer = KafkaProducer(
                 bootstrap_servers=bootstrap, linger_ms=20, batch_size=256_000, acks=1
             )
-            for payload in rest:
-                key = json.loads(payload)["user_id"].encode()
-                producer.send(f"{name}-impressions", payload, key=key)
-            producer.flush()
+            for first, end in itertools.pairwise(bounds):
+                for payload in rest[first:end]:
+                    key = json.loads(payload)["user_id"].encode()
+                    producer.send(f"{name}-impressions", payload, key=key)
+                producer.flush()
+                wait_committed(admin, f"{name}-eval", args.warmup + end, proc)
+                points.append((rss_bytes(proc.pid), client.info("memory")["used_memory"]))
             producer.close()
-            wait_committed(admin, f"{name}-eval", len(payloads), proc)
-            rss1, redis1 = rss_bytes(proc.pid), client.info("memory")["used_memory"]
         finally:
             proc.terminate()
             proc.wait()
     admin.close()
     drop_prefix(url, name)
     print(f"machine: {machine()}")
-    print(f"{args.requests:,} open requests of 20 items after {args.warmup:,} (24 h window)")
-    print(f"  process RSS per open request : {(rss1 - rss0) / args.requests:,.0f} bytes")
-    print(f"  Redis memory per open request: {(redis1 - redis0) / args.requests:,.0f} bytes")
+    print(
+        f"{args.requests:,} open requests of 20 items after {args.warmup:,} (24 h window), "
+        f"{args.steps} steps"
+    )
+    for label, column in (("process RSS", 0), ("Redis memory", 1)):
+        values = [point[column] for point in points]
+        steps = [
+            (b - a) / (n1 - n0)
+            for (a, b), (n0, n1) in zip(
+                itertools.pairwise(values), itertools.pairwise(bounds), strict=True
+            )
+        ]
+        fit = statistics.linear_regression(bounds, values).slope
+        print(
+            f"  {label} per open request: {(values[-1] - values[0]) / args.requests:,.0f} bytes "
+            f"(slope {fit:,.0f}; steps {', '.join(f'{s:,.0f}' for s in steps)})"
+        )
 
 
 if __name__ == "__main__":
