@@ -212,7 +212,7 @@ def format_2(chunk: chunks.Chunk) -> bytes:
     return segments._encode(
         [
             2,
-            [base, *(part for v in fixed for part in segments._packed(segments._fewest(v)))],
+            [base, *(part for v in fixed for part in segments._packed(chunks.fewest(v)))],
             [
                 segments._ids(chunk.ids),
                 segments._ids(chunk.users),
@@ -439,3 +439,40 @@ def test_chunks_grow_by_sizes_so_a_long_window_keeps_few(
     assert len(reference) == made
     ids = list(reference)
     assert table.contains(ids) == [True] * made
+
+
+def test_a_chunk_holds_its_small_columns_in_their_fewest_bytes() -> None:
+    """A large catalog's item codes take four bytes, but a chunk's labels (codes of the
+    few strings met before the catalog: variants, contexts) take two, its randomisation
+    parameters one, its attribute values share the items' row bounds and an empty
+    shadow column holds no bounds; merged, taken and written as a segment, it reads
+    back the same requests."""
+    book = Codebook(["", "a", "b", "home", "topn", *(f"item-{n}" for n in range(70_000))])
+    rng = random.Random(3)
+    rows = []
+    for n in range(1_000):
+        items = [f"item-{rng.randrange(70_000)}" for _ in range(5)]
+        attributes = [f"cat-{rng.randrange(4)}" for _ in items]
+        rnd = ["topn", 3] if n % 7 == 0 else None
+        rows.append([f"r{n}", f"u{n % 90}", "ab"[n % 2], n, items, attributes, "", [], "home", rnd])
+    chunk = chunks.Chunk.of(rows, book)
+    assert chunk.items.flat.dtype.itemsize == 4
+    assert chunk.labels.dtype == np.int8 and chunk.randomized.dtype == np.int8
+    assert chunk.attributes.off is chunk.items.off
+    assert chunk.shadow.off.strides == (0,)
+    arrays = [chunk.ts, chunk.labels, chunk.randomized, chunk.alive, chunk.items.off]
+    arrays += [part.flat for part in (chunk.ids, chunk.users, chunk.items, chunk.attributes)]
+    arrays += [chunk.ids.off, chunk.users.off, chunk.attribute_values]
+    indexes = (chunk.by_id, chunk.by_user)
+    arrays += [getattr(i, n) for i in indexes for n in ("keys", "rows", "bits")]
+    assert chunk.nbytes == sum(a.nbytes for a in arrays if a is not None)
+    everything = np.arange(len(rows))
+    expected = [request(r) for r in rows]
+    half = np.arange(0, len(rows), 2)
+    merged = chunks.Chunk.concat([chunk.take(half), chunk.take(half + 1)])
+    order = np.concatenate([half, half + 1])
+    assert merged.attributes.off is merged.items.off and merged.labels.dtype == np.int8
+    assert merged.requests(everything, book.strings) == [expected[i] for i in order]
+    decoded = segments.decode_segment(segments.encode_segment(chunk))
+    assert decoded.labels.dtype == np.int8 and decoded.attributes.off is decoded.items.off
+    assert decoded.requests(everything, book.strings) == expected

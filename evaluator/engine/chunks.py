@@ -141,6 +141,9 @@ class Chunk:
     def __post_init__(self) -> None:
         if self.attribute_values is None:
             self.attributes, self.attribute_values = dictionary(self.attributes)
+        self.attributes = _sharing(self.attributes, self.items.off)
+        if not self.shadow.flat.size:  # no shadow ranking: bounds of one value, no array
+            self.shadow = Ragged(self.shadow.flat, np.broadcast_to(_ZERO, self.shadow.off.shape))
         if self.ts.size:
             self.first_ms, self.last_ms = int(self.ts.min()), int(self.ts.max())
 
@@ -161,7 +164,8 @@ class Chunk:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of its arrays."""
+        """Bytes of its arrays (an array two columns share counted once, a broadcast
+        one not)."""
         arrays = [self.ts, self.labels, self.randomized, self.alive]
         arrays += [
             a
@@ -172,7 +176,8 @@ class Chunk:
         arrays += [self.by_id.bits, self.by_user.bits]
         if self.attribute_values is not None:
             arrays.append(self.attribute_values)
-        return sum(a.nbytes for a in arrays)
+        distinct = {id(a): a for a in arrays if 0 not in a.strides or a.size <= 1}
+        return sum(a.nbytes for a in distinct.values())
 
     def find(self, rids: Sequence[str], hashes: I64) -> tuple[I64, I64]:
         """The live rows holding some of ``rids`` (their ``hashes``): their indexes in
@@ -219,11 +224,11 @@ class Chunk:
         drafted = [i for i, r in enumerate(rows) if len(r) > 10 and r[10]]
         if drafted:
             labels[drafted, 4] = book.encode([rows[i][10] for i in drafted])
-        labels = _narrow(labels, len(book), signed=True)
+        randomized = np.fromiter((r[9][1] if r[9] else 0 for r in rows), dtype=np.int64, count=n)
         return cls(
             np.fromiter((r[3] for r in rows), dtype=np.int64, count=n),
-            labels,
-            np.fromiter((r[9][1] if r[9] else 0 for r in rows), dtype=np.int32, count=n),
+            fewest(labels),
+            fewest(randomized),
             np.ones(n, dtype=np.bool_),
             _texts(rids),
             _texts(uids),
@@ -318,9 +323,7 @@ class Chunk:
         may become meaningless)."""
         size = int(mapping.max(initial=0)) + 1
         labels = self.labels
-        self.labels = _narrow(
-            np.where(labels >= 0, mapping[np.maximum(labels, 0)], NONE), size, signed=True
-        )
+        self.labels = fewest(np.where(labels >= 0, mapping[np.maximum(labels, 0)], NONE))
         for part in (self.items, self.shadow):
             part.flat = _narrow(np.maximum(mapping[part.flat], 0), size)
         if self.attribute_values is None:
@@ -377,11 +380,34 @@ def span_codes(spans: Spans, book: Codebook) -> Ragged:
     return Ragged(_narrow(book.encode_spans(spans), len(book)), spans.off.astype(np.int32))
 
 
-def _narrow(codes: npt.NDArray[Any], size: int, *, signed: bool = False) -> npt.NDArray[Any]:
+def _narrow(codes: npt.NDArray[Any], size: int) -> npt.NDArray[Any]:
     """Codes of a book of ``size`` entries in 16 bits where they fit (most catalogs'
     open requests), else 32."""
-    small = np.int16 if signed else np.uint16
-    return codes.astype(small if size <= np.iinfo(small).max else np.int32)
+    return codes.astype(np.uint16 if size <= np.iinfo(np.uint16).max else np.int32)
+
+
+def fewest(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """Integers in the narrowest signed type that holds them: a chunk's labels (codes,
+    -1 for none) and randomisation parameters in memory, the fixed columns of a
+    segment. Labels are codes of the few strings a book met early (variants,
+    contexts): two bytes each, or one, where a large catalog's items need four."""
+    low, high = int(values.min(initial=0)), int(values.max(initial=0))
+    for kind in (np.int8, np.int16, np.int32):
+        info = np.iinfo(kind)
+        if info.min <= low and high <= info.max:
+            return values.astype(kind)
+    return values.astype(np.int64)
+
+
+_ZERO = np.zeros((), dtype=np.int32)
+
+
+def _sharing(part: Ragged, off: I32) -> Ragged:
+    """``part`` with ``off`` as its row bounds when they are equal (the attribute
+    values of each item: one array of bounds for both columns)."""
+    if part.off is off or not np.array_equal(part.off, off):
+        return part
+    return Ragged(part.flat, off)
 
 
 def _same_ids(stored: Ragged, wanted: list[str]) -> npt.NDArray[np.bool_] | None:

@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from evaluator.core.due import Ragged
-from evaluator.engine.chunks import LABELS, Chunk, Index, dictionary, hashes_of
+from evaluator.engine.chunks import LABELS, Chunk, Index, dictionary, fewest, hashes_of
 from evaluator.engine.codebook import NONE
 
 SEGMENT_FORMAT = 4
@@ -112,16 +112,6 @@ def _ragged(*part: Any) -> Ragged:
     return Ragged.of(_unpacked(dtype, flat), _unpacked(lengths_dtype, lengths).astype(np.int64))
 
 
-def _fewest(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
-    """Integers in the narrowest signed type that holds them."""
-    low, high = int(values.min(initial=0)), int(values.max(initial=0))
-    for dtype in (np.int8, np.int16, np.int32):
-        info = np.iinfo(dtype)
-        if info.min <= low and high <= info.max:
-            return values.astype(dtype)
-    return values.astype(np.int64)
-
-
 def encode_segment(chunk: Chunk) -> bytes:
     """A chunk's rows as one changelog value: each column's bytes (codes of the
     codebook written with it), no per-row encoding; times as offsets from the
@@ -132,9 +122,9 @@ def encode_segment(chunk: Chunk) -> bytes:
             SEGMENT_FORMAT,
             [
                 base,
-                *_packed(_fewest(chunk.ts - base)),
-                *_packed(_fewest(_written_labels(chunk.labels))),
-                *_packed(_fewest(chunk.randomized)),
+                *_packed(fewest(chunk.ts - base)),
+                *_packed(fewest(_written_labels(chunk.labels))),
+                *_packed(fewest(chunk.randomized)),
             ],
             [
                 _ids(chunk.ids),
@@ -163,8 +153,7 @@ def decode_segment(raw: bytes) -> Chunk:
     base = fixed.pop(0) if version >= 2 else 0
     ts, labels, randomized = (_unpacked(fixed[k], fixed[k + 1]) for k in range(0, len(fixed), 2))
     ts = ts.astype(np.int64) + base
-    labels = labels.astype(np.int32 if labels.max(initial=0) > np.iinfo(np.int16).max else np.int16)
-    randomized = randomized.astype(np.int32)
+    labels, randomized = fewest(labels), fewest(randomized)
     ids, users, items, shadow = (_ragged(*ragged[k]) for k in (0, 1, 2, 4))
     attributes, values = _attributes(ragged[3])
     n = int(ts.size)
