@@ -224,11 +224,11 @@ class Chunk:
         drafted = [i for i, r in enumerate(rows) if len(r) > 10 and r[10]]
         if drafted:
             labels[drafted, 4] = book.encode([rows[i][10] for i in drafted])
-        randomized = np.fromiter((r[9][1] if r[9] else 0 for r in rows), dtype=np.int64, count=n)
+        parameters = np.fromiter((r[9][1] if r[9] else 0 for r in rows), dtype=np.int64, count=n)
         return cls(
             np.fromiter((r[3] for r in rows), dtype=np.int64, count=n),
             fewest(labels),
-            fewest(randomized),
+            fewest(parameters),
             np.ones(n, dtype=np.bool_),
             _texts(rids),
             _texts(uids),
