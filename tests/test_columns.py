@@ -13,7 +13,7 @@ import pytest
 
 from evaluator.core.ab.interleaving import draft
 from evaluator.core.due import OpenRequest, requests_of
-from evaluator.engine import chunks, columns, merges, segments
+from evaluator.engine import chunks, columns, merges, segments, uuids
 from evaluator.engine.codebook import Codebook
 from evaluator.engine.columns import OpenTable
 from evaluator.engine.restore import restore_state
@@ -89,14 +89,24 @@ def check(table: OpenTable, reference: dict[str, OpenRequest], rng: random.Rando
     )
 
 
+def request_id(n: int, rng: random.Random, ids: str, batch: int) -> str:
+    """A request id of kind ``ids``: text (not only ASCII), a prefix and a UUID (held
+    as 16 bytes), or by batch either of those or UUIDs of another prefix."""
+    kind = ["text", "uuid", "other"][batch % 3] if ids == "mixed" else ids
+    if kind == "text":
+        return f"req-{n}-é"
+    return f"{'req' if kind == 'uuid' else 'rq'}-{uuid.UUID(int=rng.getrandbits(128))}"
+
+
+@pytest.mark.parametrize("ids", ["text", "uuid", "mixed"])
 @pytest.mark.parametrize("collide", [False, True])
 @pytest.mark.parametrize("seed", range(4))
 def test_open_table_answers_as_a_dict_of_requests(
-    seed: int, collide: bool, monkeypatch: pytest.MonkeyPatch
+    seed: int, collide: bool, ids: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Random batches of openings and closings (small enough that chunks merge, are
     rewritten and go); with ``collide`` every id hashes alike, so each lookup rests
-    on the stored ids."""
+    on the stored ids; request ids as text, UUIDs, or chunks of both merging."""
     if collide:
         for module in (columns, chunks, segments):
             monkeypatch.setattr(module, "hashes_of", lambda values, n: np.full(n, 7, np.int64))
@@ -104,8 +114,10 @@ def test_open_table_answers_as_a_dict_of_requests(
     rng = random.Random(seed)
     table, reference = OpenTable(), {}
     made = 0
-    for _ in range(60):
+    for number in range(60):
         batch = [row(made + k, rng) for k in range(rng.randrange(0, 30))]
+        for k, r in enumerate(batch):
+            r[0] = request_id(made + k, rng, ids, number)
         made += len(batch)
         table.append(batch)
         reference.update((r[0], request(r)) for r in batch)
@@ -332,10 +344,19 @@ def test_uuid_ids_are_stored_in_16_bytes_and_read_back_exactly(
     rows = [row(n, rng) for n in range(len(ids))]
     for r, rid in zip(rows, ids, strict=True):
         r[0] = r[1] = rid
-    raw = segments.encode_segment(chunks.Chunk.of(rows, Codebook()))
+    chunk = chunks.Chunk.of(rows, Codebook())
+    raw = segments.encode_segment(chunk)
     everything = np.arange(len(ids))
     decoded = segments.decode_segment(raw)
     assert decoded.ids.texts(everything) == ids == decoded.users.texts(everything)
+    for held in (chunk, decoded, chunks.Chunk.concat([chunk.take(everything[::-1]), decoded])):
+        # in memory too: 16 bytes an id, read back as the ids
+        assert isinstance(held.ids, uuids.UuidIds) == packed
+        assert held.ids.texts(everything[:3]) == held.users.texts(everything[:3])
+        assert held.ids.texts(everything[:0]) == []
+    assert chunk.ids.texts(everything) == ids
+    assert chunk.ids.lengths().tolist() == [len(i) for i in ids]
+    assert bytes(chunk.ids.flat) == "".join(ids).encode()
     columns = msgspec.msgpack.decode(raw)[2]
     lengths = [len(columns[0][-1]), len(columns[1][-1])]  # the UUIDs' bytes, or the ids'
     assert lengths == [16 * len(ids) if packed else len("".join(ids))] * 2

@@ -19,7 +19,9 @@ import numpy.typing as npt
 
 from evaluator.core.due import Due, OpenRequest, Ragged, requests_of
 from evaluator.core.tokens import Spans
+from evaluator.engine import uuids
 from evaluator.engine.codebook import NONE, Codebook
+from evaluator.engine.uuids import IdColumn
 
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
@@ -122,8 +124,8 @@ class Chunk:
     randomized: I32
     """The randomisation's parameter (top-n or swap depth; 0: none)."""
     alive: npt.NDArray[np.bool_]
-    ids: Ragged
-    users: Ragged
+    ids: IdColumn
+    users: IdColumn
     items: Ragged
     attributes: Ragged
     shadow: Ragged
@@ -167,11 +169,8 @@ class Chunk:
         """Bytes of its arrays (an array two columns share counted once, a broadcast
         one not)."""
         arrays = [self.ts, self.labels, self.randomized, self.alive]
-        arrays += [
-            a
-            for p in (self.ids, self.users, self.items, self.attributes, self.shadow)
-            for a in (p.flat, p.off)
-        ]
+        arrays += uuids.arrays(self.ids) + uuids.arrays(self.users)
+        arrays += [a for p in (self.items, self.attributes, self.shadow) for a in (p.flat, p.off)]
         arrays += [self.by_id.keys, self.by_id.rows, self.by_user.keys, self.by_user.rows]
         arrays += [self.by_id.bits, self.by_user.bits]
         if self.attribute_values is not None:
@@ -230,8 +229,8 @@ class Chunk:
             fewest(labels),
             fewest(parameters),
             np.ones(n, dtype=np.bool_),
-            _texts(rids),
-            _texts(uids),
+            uuids.compact(_texts(rids)),
+            uuids.compact(_texts(uids)),
             items,
             attributes,
             shadow,
@@ -260,9 +259,8 @@ class Chunk:
 
     @staticmethod
     def concat(parts: Sequence[Chunk]) -> Chunk:
-        ids, users, items, shadow = (
-            Ragged.concat([getattr(p, n) for p in parts]) for n in RAGGED if n != "attributes"
-        )
+        ids, users = (uuids.concat([getattr(p, n) for p in parts]) for n in ("ids", "users"))
+        items, shadow = (Ragged.concat([getattr(p, n) for p in parts]) for n in ("items", "shadow"))
         attributes = Ragged.concat([p.attribute_codes() for p in parts])
         by_id, by_user = (Index.merged([(p.size, getattr(p, n)) for p in parts]) for n in _INDEXED)
         return Chunk(
@@ -332,7 +330,6 @@ class Chunk:
             self.attribute_values = _narrow(np.maximum(mapping[self.attribute_values], 0), size)
 
 
-RAGGED = ("ids", "users", "items", "attributes", "shadow")
 """The chunk's variable-length columns."""
 _INDEXED = ("by_id", "by_user")
 
@@ -410,7 +407,7 @@ def _sharing(part: Ragged, off: I32) -> Ragged:
     return Ragged(part.flat, off)
 
 
-def _same_ids(stored: Ragged, wanted: list[str]) -> npt.NDArray[np.bool_] | None:
+def _same_ids(stored: IdColumn, wanted: list[str]) -> npt.NDArray[np.bool_] | None:
     """Which stored ids (UTF-8 rows) equal the wanted ones (None: all do, the usual
     answer, found with one comparison of the joined bytes when the lengths agree)."""
     text = "".join(wanted)

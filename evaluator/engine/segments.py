@@ -18,8 +18,10 @@ import numpy as np
 import numpy.typing as npt
 
 from evaluator.core.due import Ragged
+from evaluator.engine import uuids
 from evaluator.engine.chunks import LABELS, Chunk, Index, dictionary, fewest, hashes_of
 from evaluator.engine.codebook import NONE
+from evaluator.engine.uuids import IdColumn, UuidIds
 
 SEGMENT_FORMAT = 4
 """The version of :func:`encode_segment`'s layout (its first element): 4 may have a
@@ -51,28 +53,16 @@ def _lengths(part: Ragged) -> tuple[str, bytes, str, bytes]:
 UUIDS = "uuid"
 """A column of ids that are all one prefix and a canonical lowercase UUID, stored as
 the prefix and 16 bytes each."""
-_DASHES = [8, 13, 18, 23]
 
 
-def _ids(part: Ragged) -> tuple[Any, ...]:
+def _ids(part: IdColumn) -> tuple[Any, ...]:
     """An id column: :data:`UUIDS`, the ids' common prefix and the 16 bytes of each
     when every id is that prefix and a canonical lowercase UUID (what most producers
     send: 16 bytes instead of 36), else as :func:`_lengths`."""
-    n = part.off.size - 1
-    width = int(part.off[1]) if n else 0
-    if width < 36 or part.flat.size != width * n or not bool((np.diff(part.off) == width).all()):
-        return _lengths(part)
-    chars = part.flat.reshape(n, width)
-    head, tail = chars[:, : width - 36], chars[:, width - 36 :]
-    if not bool((head == head[0]).all()) or not bool((tail[:, _DASHES] == ord("-")).all()):
-        return _lengths(part)
-    digits = np.delete(tail, _DASHES, axis=1)
-    hexadecimal = ((digits >= ord("0")) & (digits <= ord("9"))) | (
-        (digits >= ord("a")) & (digits <= ord("f"))
-    )
-    if not bool(hexadecimal.all()):
-        return _lengths(part)
-    return UUIDS, head[0].tobytes(), bytes.fromhex(digits.tobytes().decode())
+    packed = part if isinstance(part, UuidIds) else uuids.compact(part)
+    if isinstance(packed, UuidIds):
+        return UUIDS, packed.prefix, packed.raw.tobytes()
+    return _lengths(packed)
 
 
 DICTIONARY = "dict"
@@ -95,19 +85,11 @@ def _codes(part: Ragged, distinct: npt.NDArray[Any] | None = None) -> tuple[Any,
 
 
 def _ragged(*part: Any) -> Ragged:
-    """A column as :func:`_lengths`, :func:`_ids` or :func:`_codes` wrote it."""
+    """A column as :func:`_lengths` or :func:`_codes` wrote it."""
     if part[0] == DICTIONARY:
         _, lengths_dtype, lengths, dtype, distinct, index_dtype, index = part
         flat = _unpacked(dtype, distinct)[_unpacked(index_dtype, index)]
         return Ragged.of(flat, _unpacked(lengths_dtype, lengths).astype(np.int64))
-    if part[0] == UUIDS:
-        _, prefix, packed = part
-        n = len(packed) // 16
-        digits = np.frombuffer(packed.hex().encode(), dtype=np.uint8).reshape(n, 32)
-        chars = np.insert(digits, [8, 12, 16, 20], ord("-"), axis=1)
-        head = np.broadcast_to(np.frombuffer(prefix, dtype=np.uint8), (n, len(prefix)))
-        rows = np.concatenate([head, chars], axis=1)
-        return Ragged.of(rows.reshape(-1), np.full(n, rows.shape[1], dtype=np.int64))
     lengths_dtype, lengths, dtype, flat = part
     return Ragged.of(_unpacked(dtype, flat), _unpacked(lengths_dtype, lengths).astype(np.int64))
 
@@ -154,7 +136,8 @@ def decode_segment(raw: bytes) -> Chunk:
     ts, labels, randomized = (_unpacked(fixed[k], fixed[k + 1]) for k in range(0, len(fixed), 2))
     ts = ts.astype(np.int64) + base
     labels, randomized = fewest(labels), fewest(randomized)
-    ids, users, items, shadow = (_ragged(*ragged[k]) for k in (0, 1, 2, 4))
+    ids, users = (_id_column(*ragged[k]) for k in (0, 1))
+    items, shadow = (_ragged(*ragged[k]) for k in (2, 4))
     attributes, values = _attributes(ragged[3])
     n = int(ts.size)
     labels = labels.reshape(n, labels.size // n if n else LABELS)
@@ -175,6 +158,15 @@ def decode_segment(raw: bytes) -> Chunk:
         n,
         values,
     )
+
+
+def _id_column(*part: Any) -> IdColumn:
+    """An id column as :func:`_ids` wrote it (UUIDs held as they are stored)."""
+    if part[0] == UUIDS:
+        _, prefix, packed = part
+        raw = np.frombuffer(packed, dtype=np.uint8).reshape(len(packed) // 16, 16)
+        return UuidIds(prefix, raw)
+    return uuids.compact(_ragged(*part))
 
 
 def _attributes(part: list[Any]) -> tuple[Ragged, npt.NDArray[Any] | None]:
