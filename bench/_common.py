@@ -42,23 +42,29 @@ def synthetic_events(
     spacing_ms: int = 50,
     per_request: tuple[int, ...] = (0, 1, 1, 2, 3),
     types: tuple[str, ...] = ("click", "click", "add_to_cart", "purchase"),
+    uuid_ids: bool = False,
 ) -> tuple[list[bytes], list[bytes]]:
     """Impressions of 20 items over 2 variants and users, and position-biased interactions
-    (70% naming their request), as JSON payloads."""
+    (70% naming their request), as JSON payloads; ``uuid_ids``: request ids as most
+    producers send them, ``req-`` and a canonical UUID (else ``r<n>``), the events
+    otherwise the same."""
     import json
     import random
+    import uuid
 
     rng = random.Random(seed)
     imps, ints = [], []
     for r in range(requests):
         ts = T0 + r * spacing_ms
+        rid = f"req-{uuid.UUID(int=(r * 0x9E3779B97F4A7C15F39CC0605CEDC835) % 2**128)}"
+        rid = rid if uuid_ids else f"r{r}"
         items = list(dict.fromkeys(f"p{rng.randrange(50_000)}" for _ in range(20)))
         user = f"u{rng.randrange(max(1, requests // 4))}"
         imps.append(
             json.dumps(
                 {
                     "event_id": f"i{r}",
-                    "request_id": f"r{r}",
+                    "request_id": rid,
                     "user_id": user,
                     "variant": "AB"[r % 2],
                     "timestamp": ts,
@@ -75,6 +81,6 @@ def synthetic_events(
                 "timestamp": ts + rng.randrange(1_000, 600_000),
             }
             if rng.random() < 0.7:
-                event["request_id"] = f"r{r}"
+                event["request_id"] = rid
             ints.append(json.dumps(event).encode())
     return imps, ints

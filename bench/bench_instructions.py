@@ -4,7 +4,7 @@
     .venv/bin/python bench/bench_instructions.py [--requests 30000] [--partitions 4]
         [--poll-ms 16000] [--store redis|memory] [--warm-book] [--regression on|final|off]
         [--twice] [--no-replay] [--no-engine] [--checkpoint-interval 1s]
-        [--no-interactions] [--set SECTION.KEY=VALUE ...]
+        [--no-interactions] [--uuid-ids] [--set SECTION.KEY=VALUE ...]
 
 It needs valgrind (Debian's ``valgrind`` package). The CPU time of
 ``bench_engine.py`` moves by 20% and more from minute to minute on the shared VMs
@@ -48,8 +48,9 @@ HERE = Path(__file__).resolve().parent
 MODES = ("engine-setup", "engine", "replay-setup", "replay")
 
 
-def make_events(requests: int) -> tuple[list[bytes], list[bytes]]:
-    """The events of ``bench_engine.py`` (and ``bench_run.py``)."""
+def make_events(requests: int, uuid_ids: bool = False) -> tuple[list[bytes], list[bytes]]:
+    """The events of ``bench_engine.py`` (and ``bench_run.py``); ``uuid_ids``: their
+    request ids as a prefix and a UUID."""
     from _common import synthetic_events
 
     return synthetic_events(
@@ -57,6 +58,7 @@ def make_events(requests: int) -> tuple[list[bytes], list[bytes]]:
         spacing_ms=20,
         per_request=(0, 1, 1, 2),
         types=("click", "add_to_cart", "purchase"),
+        uuid_ids=uuid_ids,
     )
 
 
@@ -87,6 +89,7 @@ def count(mode: str, args: argparse.Namespace, folder: str) -> int:
         + [f"--set={item}" for item in args.set]
         + (["--warm-book"] if args.warm_book else [])
         + ([] if args.interactions else ["--no-interactions"])
+        + (["--uuid-ids"] if args.uuid_ids else [])
     )
     # one BLAS thread: threads that spin while they wait would count as work
     env = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
@@ -134,7 +137,7 @@ def child(args: argparse.Namespace) -> None:
     # children, so the count is the work's alone
     import numpy.ma  # noqa: F401
 
-    imps, ints = make_events(args.requests)
+    imps, ints = make_events(args.requests, args.uuid_ids)
     if not args.interactions:
         ints = []
     overrides = {
@@ -186,6 +189,11 @@ def main() -> None:
     parser.add_argument("--regression", choices=["on", "no-maturity", "final", "off"], default="on")
     parser.add_argument("--warm-book", action="store_true")
     parser.add_argument(
+        "--uuid-ids",
+        action="store_true",
+        help="request ids as most producers send them: a prefix and a UUID (else r<n>)",
+    )
+    parser.add_argument(
         "--checkpoint-interval",
         default="1s",
         help="engine.checkpoint_interval; the synthetic clock moves 100 ms a poll (as in "
@@ -219,7 +227,7 @@ def main() -> None:
         modes = [m for m in modes if (args.engine or "engine" not in m)]
         counted = {mode: count(mode, args, folder) for mode in modes}
         again = count("engine", args, folder) if args.twice and args.engine else None
-    imps, ints = make_events(args.requests)
+    imps, ints = make_events(args.requests, args.uuid_ids)
     events = len(imps) + len(ints)
     print(f"machine: {machine()}")
     print(
