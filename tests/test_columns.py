@@ -331,6 +331,7 @@ def test_a_column_of_few_distinct_codes_is_stored_through_a_dictionary(catalog: 
     [
         ([str(uuid.UUID(int=random.Random(n).getrandbits(128))) for n in range(50)], True),
         ([f"req-{uuid.UUID(int=n)}" for n in range(50)], True),  # one prefix
+        ([f"réq-{uuid.UUID(int=n)}" for n in range(50)], True),  # not ASCII
         ([f"req-{uuid.UUID(int=n)}" for n in range(49)] + [f"rex-{uuid.UUID(int=1)}"], False),
         ([str(uuid.UUID(int=n)).upper() for n in range(50)], False),  # not canonical
         ([*(str(uuid.UUID(int=n)) for n in range(49)), "not-a-uuid"], False),
@@ -355,7 +356,7 @@ def test_uuid_ids_are_stored_in_16_bytes_and_read_back_exactly(
         assert held.ids.texts(everything[:3]) == held.users.texts(everything[:3])
         assert held.ids.texts(everything[:0]) == []
     assert chunk.ids.texts(everything) == ids
-    assert chunk.ids.lengths().tolist() == [len(i) for i in ids]
+    assert chunk.ids.lengths().tolist() == [len(i.encode()) for i in ids]
     assert bytes(chunk.ids.flat) == "".join(ids).encode()
     columns = msgspec.msgpack.decode(raw)[2]
     lengths = [len(columns[0][-1]), len(columns[1][-1])]  # the UUIDs' bytes, or the ids'

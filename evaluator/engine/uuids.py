@@ -41,7 +41,7 @@ class UuidIds:
 
     @property
     def width(self) -> int:
-        """Each id's length (its characters are ASCII: a byte each)."""
+        """Each id's length in UTF-8 bytes."""
         return len(self.prefix) + 36
 
     def lengths(self) -> I64:
@@ -70,9 +70,11 @@ class UuidIds:
         """The given rows' ids."""
         if not rows.size:
             return []
-        text = self.take(rows).chars().tobytes().decode()
-        width = self.width
-        return [text[a : a + width] for a in range(0, len(text), width)]
+        data, width = self.take(rows).chars().tobytes(), self.width
+        if self.prefix.isascii():  # one decode; a character is a byte
+            text = data.decode()
+            return [text[a : a + width] for a in range(0, len(text), width)]
+        return [data[a : a + width].decode() for a in range(0, len(data), width)]
 
     def ragged(self) -> Ragged:
         return Ragged(self.flat, self.off)
