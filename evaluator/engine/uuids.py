@@ -23,6 +23,8 @@ I64 = npt.NDArray[np.int64]
 U8 = npt.NDArray[np.uint8]
 DASHES = [8, 13, 18, 23]
 """Where a canonical UUID's dashes are (of its 36 characters)."""
+_DIGITS = np.array([k for k in range(36) if k not in DASHES])
+"""Where its 32 hexadecimal digits are."""
 _HEX = np.frombuffer(bytes(range(256)).hex().encode(), dtype=np.uint8).reshape(256, 2)
 """Each byte's two lowercase hexadecimal digits (ASCII)."""
 
@@ -51,11 +53,14 @@ class UuidIds:
         return UuidIds(self.prefix, self.raw[rows])
 
     def chars(self) -> U8:
-        """The ids' characters: shape ``(ids, width)``."""
-        digits = _HEX[self.raw].reshape(self.rows_count, 32)
-        text = np.insert(digits, [8, 12, 16, 20], ord("-"), axis=1)
-        head = np.frombuffer(self.prefix, dtype=np.uint8)
-        return np.concatenate([np.broadcast_to(head, (len(text), head.size)), text], axis=1)
+        """The ids' UTF-8 bytes, a row each: shape ``(ids, width)``."""
+        start = len(self.prefix)
+        out = np.empty((self.rows_count, start + 36), dtype=np.uint8)
+        out[:, :start] = np.frombuffer(self.prefix, dtype=np.uint8)
+        uuid = out[:, start:]
+        uuid[:, DASHES] = ord("-")
+        uuid[:, _DIGITS] = _HEX[self.raw].reshape(self.rows_count, 32)
+        return out
 
     @property
     def flat(self) -> U8:
@@ -99,13 +104,12 @@ def compact(part: Ragged) -> IdColumn:
     head, tail = chars[:, : width - 36], chars[:, width - 36 :]
     if not bool((head == head[0]).all()) or not bool((tail[:, DASHES] == ord("-")).all()):
         return part
-    digits = np.delete(tail, DASHES, axis=1)
+    digits = tail[:, _DIGITS]
     numeric = (digits >= ord("0")) & (digits <= ord("9"))
     if not bool((numeric | ((digits >= ord("a")) & (digits <= ord("f")))).all()):
         return part
-    nibbles = np.where(numeric, digits - ord("0"), digits - (ord("a") - 10)).astype(np.uint8)
-    raw = (nibbles[:, 0::2] << 4) | nibbles[:, 1::2]
-    return UuidIds(head[0].tobytes(), np.ascontiguousarray(raw))
+    raw = np.frombuffer(bytes.fromhex(digits.tobytes().decode()), dtype=np.uint8)
+    return UuidIds(head[0].tobytes(), raw.reshape(n, 16))
 
 
 def concat(parts: Sequence[IdColumn]) -> IdColumn:
