@@ -358,6 +358,8 @@ def test_uuid_ids_are_stored_in_16_bytes_and_read_back_exactly(
     assert chunk.ids.texts(everything) == ids
     assert chunk.ids.lengths().tolist() == [len(i.encode()) for i in ids]
     assert bytes(chunk.ids.flat) == "".join(ids).encode()
+    none = chunk.take(everything[:0])  # no rows: written as bytes, as ever
+    assert segments._ids(none.ids) == segments._lengths(chunks._texts([]))
     columns = msgspec.msgpack.decode(raw)[2]
     lengths = [len(columns[0][-1]), len(columns[1][-1])]  # the UUIDs' bytes, or the ids'
     assert lengths == [16 * len(ids) if packed else len("".join(ids))] * 2

@@ -60,9 +60,9 @@ def _ids(part: IdColumn) -> tuple[Any, ...]:
     when every id is that prefix and a canonical lowercase UUID (what most producers
     send: 16 bytes instead of 36), else as :func:`_lengths`."""
     packed = part if isinstance(part, UuidIds) else uuids.compact(part)
-    if isinstance(packed, UuidIds):
+    if isinstance(packed, UuidIds) and packed.rows_count:
         return UUIDS, packed.prefix, packed.raw.tobytes()
-    return _lengths(packed)
+    return _lengths(packed.ragged() if isinstance(packed, UuidIds) else packed)  # as before
 
 
 DICTIONARY = "dict"
