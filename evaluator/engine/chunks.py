@@ -2,9 +2,11 @@
 codebook (:mod:`evaluator.engine.segments` writes a chunk to the changelog). Pure.
 
 A row holds a request's impression time, its labels (variant, context, shadow
-variant, randomisation, interleaving draft) and its item ids, attribute values and shadow ranking as
-16- or 32-bit codes of the partition's :class:`Codebook`, its request and user ids
-as UTF-8 bytes, and each id's 64-bit hash, sorted, for lookups by binary search.
+variant, randomisation, interleaving draft) as codes of the partition's
+:class:`Codebook` in the fewest bytes, its item ids, attribute values and shadow
+ranking as 16- or 32-bit codes, its request and user ids as UTF-8 bytes (ids of a
+common prefix and a UUID as 16 bytes, :mod:`evaluator.engine.uuids`), and each
+id's 64-bit hash, sorted, for lookups by binary search.
 """
 
 from __future__ import annotations
@@ -119,8 +121,9 @@ class Chunk:
 
     ts: I64
     labels: npt.NDArray[Any]
-    """Per row (``int16`` or ``int32``): the codes of the variant, context, shadow
-    variant, randomisation kind and interleaving draft (-1: none)."""
+    """Per row (``int8``, ``int16`` or ``int32``: :func:`fewest`): the codes of the
+    variant, context, shadow variant, randomisation kind and interleaving draft (-1:
+    none)."""
     randomized: I32
     """The randomisation's parameter (top-n or swap depth; 0: none)."""
     alive: npt.NDArray[np.bool_]
@@ -330,7 +333,6 @@ class Chunk:
             self.attribute_values = _narrow(np.maximum(mapping[self.attribute_values], 0), size)
 
 
-"""The chunk's variable-length columns."""
 _INDEXED = ("by_id", "by_user")
 
 

@@ -84,10 +84,6 @@ class UuidIds:
     def ragged(self) -> Ragged:
         return Ragged(self.flat, self.off)
 
-    @property
-    def nbytes(self) -> int:
-        return int(self.raw.nbytes)
-
 
 IdColumn = Ragged | UuidIds
 """A chunk's request or user ids."""
