@@ -17,7 +17,11 @@ Then the new owner finalises every request: per finalised marker (what
 ``engine.finalised_ttl`` keeps), the bytes of its ``g:`` segments and of what the
 state hash still holds (each user's exposure and the codebook too), and what
 finalisation left allocated in the process, of which the markers' own arrays (the
-rest is one-off: modules finalisation imports first).
+rest is one-off: modules finalisation imports first). Last, ``--requests``
+request-less interactions that come late (before the join horizon, within the marker
+TTL) each leave a marker of their event id, as do loose interactions that a request
+took or that expired unjoined: per marker, the state hash's growth, the process's
+traced allocations and the markers' arrays' growth.
 """
 
 from __future__ import annotations
@@ -34,10 +38,10 @@ import redis
 from _common import machine
 
 from evaluator.adapters.redis.store import RedisStore, connect
-from evaluator.config import load_settings
+from evaluator.config import Settings, load_settings
 from evaluator.config.plain import tasks_config
-from evaluator.core.decode import decode_impressions
-from evaluator.core.events import InteractionBatch
+from evaluator.core.decode import decode_impressions, decode_interactions
+from evaluator.core.events import ImpressionBatch, InteractionBatch
 from evaluator.engine.runtime import tune_gc
 from evaluator.engine.tasks import Tasks
 
@@ -121,6 +125,7 @@ def main() -> None:
         loaded = other.owned[0].engine.open_requests()
         assert loaded == total, (loaded, engine.open_requests())
     markers = _markers(other, raw, state, total)
+    seen = _seen_markers(other, raw, state, args.requests, settings)
     print(f"machine: {machine()}")
     print(
         f"{args.requests:,} open requests of 20 items (with a diversity attribute), "
@@ -134,6 +139,12 @@ def main() -> None:
         f"median {statistics.median(loads):.2f} s"
     )
     _print_markers(*markers)
+    _print_seen(args.requests, *seen)
+    _drop(raw, prefix)
+
+
+def _drop(raw: redis.Redis, prefix: str) -> None:
+    """The run's keys."""
     for key in raw.scan_iter(f"{{{prefix}:*", count=1000):
         raw.unlink(key)
     raw.delete(f"{{{prefix}:meta}}:layout")
@@ -144,6 +155,13 @@ def _print_markers(hash_bytes: float, segments: float, process: float, arrays: f
     print(f"    the state hash left (exposures, codebook too): {hash_bytes:,.0f} bytes")
     print(f"  process memory per finalised marker: {process:,.0f} bytes (tracemalloc)")
     print(f"    of which the markers' arrays     : {arrays:,.1f} bytes")
+
+
+def _print_seen(n: int, redis_bytes: float, process: float, arrays: float) -> None:
+    print(f"  a late request-less interaction's marker, {n:,} of them:")
+    print(f"    Redis (the state hash's growth): {redis_bytes:,.1f} bytes")
+    print(f"    process memory (tracemalloc)   : {process:,.1f} bytes")
+    print(f"    of which the markers' arrays   : {arrays:,.1f} bytes")
 
 
 def _markers(
@@ -175,6 +193,46 @@ def _markers(
         process,
         markers.nbytes / n,
     )
+
+
+def _seen_markers(
+    tasks: Tasks, raw: redis.Redis, state: str, n: int, settings: Settings
+) -> tuple[float, float, float]:
+    """Request-less interactions (UUID event ids) that come late to the partition
+    :func:`_markers` finalised, checkpointed in batches of 5,000: bytes per marker in
+    the state hash, in the process and in the markers' arrays."""
+    owned = tasks.owned[0]
+    engine = owned.engine
+    latest = engine.settled_ms()  # the marker TTL counts back from the data's time
+    assert engine.watermark_ms is not None and latest is not None
+    assert latest < engine.watermark_ms - engine.config.horizon_ms - n  # all late
+    payloads = [
+        json.dumps(
+            {
+                "event_id": f"evt-{uuid.uuid4()}",
+                "user_id": f"u{i % 10}",  # few: their cold-start histories cost ~nothing
+                "item_id": f"p{i % 50_000}",
+                "type": "click",
+                "timestamp": latest + i,
+            }
+        ).encode()
+        for i in range(n)
+    ]
+    profile = settings.relevance.active()
+    hash_before = int(raw.memory_usage(state, samples=0) or 0)  # type: ignore[arg-type]
+    arrays_before = engine.state.markers.nbytes
+    held_before = len(engine.state.markers.applied)
+    tracemalloc.start()
+    for start in range(0, n, 5_000):
+        batch, _ = decode_interactions(payloads[start : start + 5_000], profile)
+        engine.ingest(ImpressionBatch(), batch)
+        del batch
+        tasks._checkpoint(0, owned)
+    process = tracemalloc.get_traced_memory()[0] / n
+    tracemalloc.stop()
+    assert len(engine.state.markers.applied) - held_before == n  # each late, marked
+    grown = int(raw.memory_usage(state, samples=0) or 0) - hash_before  # type: ignore[arg-type]
+    return grown / n, process, (engine.state.markers.nbytes - arrays_before) / n
 
 
 if __name__ == "__main__":

@@ -142,7 +142,7 @@ def held(state: PartitionState, rid: str) -> bool:
 def assert_same_state(restored: PartitionState, live: PartitionState) -> None:
     """Everything the join reads, rebuilt from the changelog, equals the live state."""
     assert restored.exposed.live() == live.exposed.live()
-    for name in ("requests", "named", "named_rid", "seen"):
+    for name in ("requests", "named", "named_rid"):
         assert getattr(restored, name) == getattr(live, name), name
     assert live_markers(restored) == live_markers(live)
     assert restored.users.keys() == live.users.keys()
@@ -488,6 +488,41 @@ def test_markers_of_the_previous_format_are_read_and_go_once_expired() -> None:
     assert {"g:3", "f:q2"} <= engine.state.changes.keys()
 
 
+def test_loose_interaction_fields_of_the_previous_format_are_hashed_and_go_once_expired() -> None:
+    """Versions before 2026-12-07 wrote one ``x:<event>`` field (its time) per loose
+    interaction taken, expired or late: a new owner hashes them (a redelivery is a
+    duplicate), deletes one loaded expired at once and the others as they expire,
+    and marks new ones as hashes in a ``g:`` segment, not fields."""
+    settings = load_settings(environ={})
+    config = engine_config(settings)
+    encode = msgspec.msgpack.encode
+    t0 = 1_000_000_000
+    bound = t0 - 2 * config.horizon_ms  # markers expire 6 h of data time after
+    old = {"m:": encode(bound), "x:L1": encode(bound + 10), "x:L0": encode(bound - 5)}
+    state = restore_state(old.items(), config.finalise.deadline, config.history_cap)
+    assert state.changes == {"x:L0": None}
+    assert state.were_seen(["L1", "L0", "L9"]) == [True, False, False]
+    engine = PartitionEngine(0, config, state, t0, {"impressions": t0, "interactions": t0})
+    engine.take()
+
+    def click(eid: str, ts: int) -> tuple[str, dict[str, Any]]:
+        event = {"event_id": eid, "user_id": "u", "item_id": "x", "type": "click"}
+        return "interactions", {**event, "timestamp": ts}
+
+    late = t0 - config.horizon_ms - 1  # before the join horizon, after the marker bound
+    step(engine, [click("L1", bound + 10), click("L2", late), click("L2", late)], settings)
+    changes, counts = engine.take()
+    assert (counts.late, counts.duplicates) == (1, 2)  # L2 late; L1 and L2 again duplicates
+    assert {"k:", "g:0"} <= changes.keys() and not [n for n in changes if n[:2] == "x:"]
+    assert engine.state.markers.seen_keys(["L2"])[0] in engine.state.markers.live()[1]
+    step(engine, [click("L2", late)], settings)
+    assert engine.take()[1].duplicates == 1
+    engine.state.markers.expire(bound + 10)
+    assert "x:L1" not in engine.state.changes
+    engine.state.markers.expire(bound + 11)
+    assert engine.state.changes.get("x:L1", b"") is None
+
+
 def test_segments_hold_at_most_segment_rows_and_restore_whole() -> None:
     """A checkpoint after many new requests (and finalisations) writes several
     segments of at most ``segment_rows`` rows; the state rebuilt from them is whole."""
@@ -823,7 +858,8 @@ def test_a_request_less_interaction_counts_once_even_for_a_late_impression() -> 
     }
     assert engaged == {"A": 1.0, "Z": 0.0, "B": 0.0}
     assert sum(d.outcomes["attributed"] for d in done) == 1
-    assert "l:L" not in changelog and "x:L" in changelog  # a redelivery is a duplicate
+    assert "l:L" not in changelog  # taken: its marker is a hash in a g: segment
+    assert not [name for name in changelog if name.startswith("x:")]
     step(engine, [click("L", t + 10 * minute, "x")], settings)
     assert engine.counts.duplicates == 1
 

@@ -1,12 +1,18 @@
-"""Finalised markers of one partition: which requests were finalised, and which
-interactions each one applied or counted late. Pure: no I/O.
+"""Finalised markers of one partition: which requests were finalised, which
+interactions each one applied or counted late, and which request-less interactions
+were taken or pruned. Pure: no I/O.
 
 A marker makes a redelivered impression a duplicate and an interaction naming a
 finalised request late (or a duplicate, when it applied already). Markers live for
 ``finalised_ttl`` of data time, millions of them, so none is an object or keeps an
 id: a marker is the 64-bit hash of its request id and its deadline, and each
 interaction it applied or counted late is the 64-bit hash of (request, event,
-deadline). The hashes are keyed with the partition's own random seed (field ``k:``),
+deadline). A request-less ("loose") interaction that a finalised request took, that
+expired unjoined or that came late is the 64-bit hash of its event id, with its own
+time for a deadline, held with the applied interactions (:meth:`Markers.add_seen`):
+a redelivery is then a duplicate. The hashes are keyed with the partition's own
+random seed (field ``k:``; the event ids' with the seed xor :data:`SEEN_SALT`, so
+the two kinds of hash are independent),
 so nobody can choose ids that collide; by chance two of 10 million live ids collide
 with a probability of about 1 in 370,000, and such a collision counts one new
 request as a duplicate.
@@ -20,7 +26,8 @@ is deleted, and a run dropped from memory, once everything in it has expired (a
 merge also drops the expired entries it copies); until then an expired marker stays
 and counts for nothing, exactly as in a state rebuilt from the changelog. Versions
 before hashed markers wrote rows of ids in ``g:`` and ``f:<request>`` overrides: they
-are read (hashed on load) and deleted as they expire.
+are read (hashed on load) and deleted as they expire, as are the ``x:<event>`` fields
+(one per loose interaction, its time) that versions before 2026-12-07 wrote.
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ I64 = npt.NDArray[np.int64]
 MARKER_FORMAT = 2
 """The version of a ``g:`` segment's layout (its first element; older ones are rows)."""
 EARLIEST_MS = -(2**62)
+SEEN_SALT = 0x9E37_79B9_7F4A_7C15
+"""Xored into the seed for the hashes of loose interactions' event ids."""
 
 
 class Changelog(Protocol):
@@ -109,6 +118,21 @@ class Markers:
     def pair_keys(self, rids: Sequence[str], eids: Sequence[str], deadlines: Sequence[int]) -> U64:
         joined = [f"{r}\x1f{e}\x1f{d}" for r, e, d in zip(rids, eids, deadlines, strict=True)]
         return hash_strings(joined, self.seed)
+
+    def seen_keys(self, eids: Sequence[str]) -> U64:
+        return hash_strings(eids, self.seed ^ SEEN_SALT)
+
+    def were_seen(self, eids: Sequence[str]) -> list[bool]:
+        """Whether each loose interaction's event id has a marker that counts."""
+        if not eids or not len(self.applied):
+            return [False] * len(eids)
+        return (self.applied.find(self.seen_keys(eids)) >= self.bound).tolist()  # type: ignore[no-any-return]
+
+    def add_seen(self, eids: Sequence[str], times_ms: Sequence[int]) -> None:
+        """Mark loose interactions taken, expired or late (until their own time is
+        past the bound): in the next flush's segment, with the applied ones."""
+        if eids:
+            self.add_applied(self.seen_keys(eids), np.array(times_ms, dtype=np.int64))
 
     def deadlines(self, rids: Sequence[str]) -> list[int | None]:
         """The deadline of each request's marker, None when it has none that counts."""
@@ -186,10 +210,16 @@ class Markers:
             out["k:"] = encode(self.seed)
             self.seed_written = True
 
-    def load(self, segments: list[tuple[str, Any]], fields: list[tuple[str, list[Any]]]) -> None:
-        """Rebuild from stored segments (and older versions' ``f:`` fields), with
-        :attr:`before_ms` and the seed they were hashed with (``k:``) set first (no
-        seed stored: the markers are all rows of ids); expired fields are deleted."""
+    def load(
+        self,
+        segments: list[tuple[str, Any]],
+        fields: list[tuple[str, list[Any]]],
+        seen: Sequence[tuple[str, int]] = (),
+    ) -> None:
+        """Rebuild from stored segments (and older versions' ``f:`` fields and ``x:``
+        fields, ``seen``: event id and time), with :attr:`before_ms` and the seed they
+        were hashed with (``k:``) set first (no seed stored: the markers are all rows of
+        ids); expired fields are deleted."""
         parts: list[tuple[U64, I64, U64, I64]] = []
         for name, value in segments:
             part = decode_segment(value) if value and isinstance(value[0], int) else None
@@ -204,6 +234,7 @@ class Markers:
                 continue
             parts.append(self._hashed([(rid, d, ids)]))
             self.segments.append((d, "f:" + rid))
+        parts += self._load_seen(seen)
         heapq.heapify(self.segments)
         if parts:
             keys, deadlines, pairs, pair_deadlines = (
@@ -211,6 +242,20 @@ class Markers:
             )
             self.final.add(keys, deadlines, self.bound)
             self.applied.add(pairs, pair_deadlines, self.bound)
+
+    def _load_seen(self, seen: Sequence[tuple[str, int]]) -> list[tuple[U64, I64, U64, I64]]:
+        """Older versions' ``x:`` fields as hashes (each field deleted once its time
+        has expired: at once when loaded expired)."""
+        live = [(eid, t) for eid, t in seen if t >= self.bound]
+        for eid, t in seen:
+            if t < self.bound:
+                self.log.set("x:" + eid, None)
+        if not live:
+            return []
+        self.segments += [(t, "x:" + eid) for eid, t in live]
+        none = np.zeros(0, dtype=np.uint64)
+        times = np.array([t for _, t in live], dtype=np.int64)
+        return [(none, none.view(np.int64), self.seen_keys([eid for eid, _ in live]), times)]
 
     def _hashed(self, rows: list[tuple[str, int, list[str]]]) -> tuple[U64, I64, U64, I64]:
         """Rows of ids (request, deadline, event ids) as hashes."""

@@ -177,9 +177,13 @@ class PartitionEngine:
 
     def _ingest_interactions(self, interactions: InteractionBatch) -> None:
         state, counts = self.state, self.counts
-        named_rid, seen, users = state.named_rid, state.seen, state.users
+        named_rid, users = state.named_rid, state.users
         loose_late_before = self._loose_late_before()
         events = interactions.events
+        seen = state.were_seen([it.event_id for it in events])
+        late_ids: list[str] = []  # loose ones counted late: marked seen after the loop
+        late_ms: list[int] = []
+        marking: set[str] = set()
         named_ids = list(dict.fromkeys(it.request_id for it in events if it.request_id))
         is_open = dict(zip(named_ids, state.requests.contains(named_ids), strict=True))
         # an open request has no marker (one with a marker is refused as a duplicate)
@@ -191,7 +195,7 @@ class PartitionEngine:
         times, grades = interactions.timestamp_ms, interactions.grade
         for n, (it, ts, grade) in enumerate(zip(events, times, grades, strict=True)):
             eid = it.event_id
-            if eid in named_rid or eid in seen:
+            if eid in named_rid or seen[n] or eid in marking:
                 counts.duplicates += 1
                 continue
             user = users.get(it.user_id)
@@ -211,11 +215,14 @@ class PartitionEngine:
                 else:
                     counts.duplicates += 1
             elif ts < loose_late_before:
-                state.mark_seen(eid, ts)
+                marking.add(eid)
+                late_ids.append(eid)
+                late_ms.append(ts)
                 counts.late += 1
             else:
                 state.add_loose(it.user_id, PendingInteraction(eid, it.item_id, ts, grade))
         state.add_histories(relevant)
+        state.mark_seen(late_ids, late_ms)
         late.record()
 
     def _loose_late_before(self) -> int:
@@ -318,9 +325,7 @@ class PartitionEngine:
                 due.request_id, (due.ms + self.config.finalise.deadline(0)).tolist(), places
             )
             self.counts.finalised += len(due)
-            for done in out:
-                for i in done.loose_taken.tolist():
-                    state.take_loose(*loose_of[i])
+            state.take_loose([loose_of[i] for done in out for i in done.loose_taken.tolist()])
         state.finalised_through(watermark)
         # markers and histories live for a TTL of the data's own time as every input has
         # delivered it (engine/clocks.py): not the wall clock an idle partition's

@@ -40,6 +40,7 @@ def restore_state(
     waiting: list[tuple[str, list[list[Any]]]] = []
     book: list[tuple[int, str, list[str]]] = []
     tables: list[tuple[str, bytes]] = []
+    seen: list[tuple[str, int]] = []
     for name, raw in fields:
         kind, key = name[0], name[2:]
         if kind in "tc":
@@ -70,11 +71,9 @@ def restore_state(
             fielded.append((key, _decode(raw)))
         elif kind in "ve":
             _load_exposures(state, name, raw)
-        elif kind == "x":
-            t = _decode(raw)
-            state.seen[key] = t
-            state.expiry.append((t, 1, key))
-    state.markers.load(markers, fielded)
+        elif kind == "x":  # versions before 2026-12-07: hashed by the markers
+            seen.append((key, _decode(raw)))
+    state.markers.load(markers, fielded, seen)
     state.exposed.loaded()
     _load_book(state, book)
     _reopen_tables(state, tables, deadline)

@@ -8,8 +8,8 @@ finalised or counted late (so a redelivery is a duplicate, not new). Pure: no I/
 
 Every change is recorded as a field of the partition's changelog
 (``t:<n>``, ``c:<n>``, ``w:``, ``q:``, ``j:<n>``, ``g:<n>``, ``m:``, ``k:``,
-``i:<event>``, ``l:<event>``, ``h:<user>``, ``a:<user>``, ``u:<user>``, ``x:<event>``,
-``v:<n>``), with the field's new encoded value or ``None`` for a
+``i:<event>``, ``l:<event>``, ``h:<user>``, ``a:<user>``, ``u:<user>``, ``v:<n>``),
+with the field's new encoded value or ``None`` for a
 deletion. A store keeps those fields as one hash per partition: the hash *is* the
 compacted changelog, and
 :func:`evaluator.engine.restore.restore_state` rebuilds the state from it exactly.
@@ -29,8 +29,9 @@ as its request is open (the request's finalisation consumes it), and the segment
 is deleted once the watermark has passed the deadline of every request in it. An
 interaction naming a request that is not open (it may never come) is one
 ``i:<event>`` field, deleted when its request consumes it or after the marker TTL.
-Finalised markers are kept and written by :class:`~evaluator.engine.markers.Markers`,
-each experiment's exposed users by :class:`~evaluator.engine.exposures.Exposures`.
+Finalised markers, and the markers of request-less interactions taken, expired or
+late, are kept and written by :class:`~evaluator.engine.markers.Markers`, each
+experiment's exposed users by :class:`~evaluator.engine.exposures.Exposures`.
 """
 
 from __future__ import annotations
@@ -74,14 +75,12 @@ class PartitionState:
     named_rid: dict[str, str] = field(default_factory=dict)
     """Event id of a waiting named interaction -> its request id."""
     users: dict[str, UserState] = field(default_factory=dict)
-    seen: dict[str, int] = field(default_factory=dict)
-    """Event ids of loose interactions pruned or counted late -> event time."""
     expiry: list[tuple[int, int, str]] = field(default_factory=list)
-    """Heap of (time, kind, key) of pruned-interaction markers (1: ``x:``) and of interactions
-    naming a request not open when they came (3: ``i:``; one that never arrives), dropped
-    once the watermark passes time + the marker TTL. An interaction naming an open
-    request has no entry: the request's finalisation removes it (so this heap does not
-    hold every interaction of the marker TTL)."""
+    """Heap of (time, 3, event) of interactions naming a request not open when they came
+    (``i:``; one that never arrives), dropped once the watermark passes time + the
+    marker TTL. An interaction naming an open request has no entry: the request's
+    finalisation removes it (so this heap does not hold every interaction of the marker
+    TTL)."""
     loose_expiry: list[tuple[int, int, str]] = field(default_factory=list)
     """Heap of (time, 2, user US event) of loose interactions, dropped past the horizon."""
     changes: Changes = field(default_factory=dict)
@@ -236,10 +235,13 @@ class PartitionState:
         """Forget an ended experiment's exposed users; returns how many."""
         return self.exposed.drop(experiment)
 
-    def mark_seen(self, event_id: str, timestamp_ms: int) -> None:
-        self.seen[event_id] = timestamp_ms
-        heapq.heappush(self.expiry, (timestamp_ms, 1, event_id))
-        self.create("x:" + event_id, _encode(timestamp_ms))
+    def mark_seen(self, event_ids: Sequence[str], times_ms: Sequence[int]) -> None:
+        """Loose interactions taken, expired or late: a redelivery is a duplicate for
+        the marker TTL (hashed markers, :meth:`Markers.add_seen`)."""
+        self.markers.add_seen(event_ids, times_ms)
+
+    def were_seen(self, event_ids: Sequence[str]) -> list[bool]:
+        return self.markers.were_seen(event_ids)
 
     def finish(
         self, rids: list[str], deadlines_ms: list[int], places: Places | None = None
@@ -301,46 +303,47 @@ class PartitionState:
         """Drop loose interactions older than ``loose_before_ms`` (they can join nothing
         open; remembered as seen so a redelivery is a duplicate) and markers older than
         ``markers_before_ms``."""
-        for heap, before in (
-            (self.loose_expiry, loose_before_ms),
-            (self.expiry, markers_before_ms),
-        ):
-            while heap and heap[0][0] < before:
-                t, kind, key = heapq.heappop(heap)
-                self._expire_one(kind, key, t)
+        heap, eids, times = self.loose_expiry, [], []
+        while heap and heap[0][0] < loose_before_ms:
+            t, _, key = heapq.heappop(heap)
+            uid, eid = key.split("\x1f", 1)
+            if self._forget_loose(uid, eid):
+                eids.append(eid)
+                times.append(t)
+        self.mark_seen(eids, times)
+        heap = self.expiry
+        while heap and heap[0][0] < markers_before_ms:
+            self._expire_named(heapq.heappop(heap)[2])
         self.markers.expire(markers_before_ms)
 
-    def _expire_one(self, kind: int, key: str, t: int) -> None:
-        if kind == 1:
-            if self.seen.get(key) == t:
-                del self.seen[key]
-                self.delete("x:" + key)
-        elif kind == 3:  # a named interaction whose request never came
-            rid = self.named_rid.get(key)
-            if rid is not None and rid not in self.requests:
-                del self.named_rid[key]
-                waiting = self.named[rid]
-                del waiting[key]
-                if not waiting:
-                    del self.named[rid]
-                self.fielded.discard(key)
-                self.delete("i:" + key)
-        else:
-            uid, eid = key.split("\x1f", 1)
-            self._forget_loose(uid, eid, t)
+    def _expire_named(self, key: str) -> None:
+        """A named interaction whose request never came."""
+        rid = self.named_rid.get(key)
+        if rid is not None and rid not in self.requests:
+            del self.named_rid[key]
+            waiting = self.named[rid]
+            del waiting[key]
+            if not waiting:
+                del self.named[rid]
+            self.fielded.discard(key)
+            self.delete("i:" + key)
 
-    def take_loose(self, user_id: str, it: PendingInteraction) -> None:
-        """A request-less interaction attributed to a finalised request: it joins no
-        other (remembered as seen, so a redelivery is a duplicate)."""
-        self._forget_loose(user_id, it.event_id, it.timestamp_ms)
+    def take_loose(self, taken: Sequence[tuple[str, PendingInteraction]]) -> None:
+        """Request-less interactions (user id, interaction) attributed to a finalised
+        request: they join no other (remembered as seen, so a redelivery is a
+        duplicate)."""
+        gone = [it for uid, it in taken if self._forget_loose(uid, it.event_id)]
+        self.mark_seen([it.event_id for it in gone], [it.timestamp_ms for it in gone])
 
-    def _forget_loose(self, user_id: str, event_id: str, t: int) -> None:
+    def _forget_loose(self, user_id: str, event_id: str) -> bool:
+        """Drop a loose interaction (False: not held)."""
         user = self.users.get(user_id)
-        if user is not None and event_id in user.loose:
-            del user.loose[event_id]
-            self.delete("l:" + event_id)
-            self.mark_seen(event_id, t)
-            self._drop_if_empty(user_id, user)
+        if user is None or event_id not in user.loose:
+            return False
+        del user.loose[event_id]
+        self.delete("l:" + event_id)
+        self._drop_if_empty(user_id, user)
+        return True
 
     def drop_history_before(self, before_ms: int) -> None:
         """Forget the histories of users with no relevant interaction since
