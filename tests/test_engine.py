@@ -142,8 +142,11 @@ def held(state: PartitionState, rid: str) -> bool:
 def assert_same_state(restored: PartitionState, live: PartitionState) -> None:
     """Everything the join reads, rebuilt from the changelog, equals the live state."""
     assert restored.exposed.live() == live.exposed.live()
-    for name in ("requests", "named", "named_rid"):
+    for name in ("requests", "named_rid"):
         assert getattr(restored, name) == getattr(live, name), name
+    assert {rid: sorted(its) for rid, its in restored.named.items()} == {
+        rid: sorted(its) for rid, its in live.named.items()
+    }
     assert live_markers(restored) == live_markers(live)
     assert restored.users.keys() == live.users.keys()
     for uid, user in live.users.items():
@@ -663,7 +666,7 @@ def test_interaction_fields_of_open_requests_load_and_go_when_final() -> None:
         ("i:e1", msgspec.msgpack.encode(("q1", "y", 1_500, 1.0))),
     ]
     state = restore_state(fields, config.finalise.deadline, config.history_cap)
-    assert state.named == {"q1": {"e1": ("e1", "y", 1_500, 1.0)}}
+    assert state.named == {"q1": [("e1", "y", 1_500, 1.0)]}
     engine = PartitionEngine(0, config, state)
     engine.watermark_ms = config.finalise.deadline(1_000)
     (done,) = engine.finalise_due()

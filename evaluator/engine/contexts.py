@@ -92,7 +92,7 @@ def named_columns(state: PartitionState, rids: list[str]) -> Named:
         its = named.get(rid)
         if its:
             rows += [row] * len(its)
-            pending += its.values()
+            pending += its
     if not pending:
         return Named.none()
     codes = state.requests.book.find([str(it.item_id) for it in pending])

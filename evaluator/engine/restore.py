@@ -51,8 +51,8 @@ def restore_state(
             )
         elif kind == "i":
             rid, item, ts, grade = _decode(raw)
-            state.named.setdefault(rid, {})[key] = PendingInteraction(key, item, ts, grade)
-            state.named_rid[key] = rid
+            if key not in state.named_rid:
+                state.attach(rid, PendingInteraction(key, item, ts, grade))
             state.fielded.add(key)
         elif kind == "j":
             waiting.append((name, _decode(raw)))
@@ -60,7 +60,7 @@ def restore_state(
         elif kind == "l":
             uid, item, ts, grade = _decode(raw)
             state.user(uid).loose[key] = PendingInteraction(key, item, ts, grade)
-            state.loose_expiry.append((ts, 2, uid + "\x1f" + key))
+            state.loose_expiry.append((ts, uid, key))
         elif kind in "hau":
             _load_user(state, kind, key, _decode(raw))
         elif kind == "p":
@@ -81,10 +81,10 @@ def restore_state(
     _rewait(state, waiting, deadline)
     rids = list(state.named)
     state.expiry += [  # as :meth:`PartitionState.add_named` keeps them
-        (it.timestamp_ms, 3, eid)
+        (it.timestamp_ms, 3, it.event_id)
         for rid, is_open in zip(rids, state.requests.contains(rids), strict=True)
         if not is_open
-        for eid, it in state.named[rid].items()
+        for it in state.named[rid]
     ]
     heapq.heapify(state.segments)
     heapq.heapify(state.expiry)
@@ -154,7 +154,6 @@ def _rewait(
     is open (its finalisation consumes the others). Each segment goes once every
     request it names is final (if none is open, at the next finalisation that moves
     the watermark)."""
-    named, named_rid = state.named, state.named_rid
     gone = state.finalised_ms if state.finalised_ms is not None else -(2**62)
     for name, rows in segments:
         last = gone
@@ -162,8 +161,8 @@ def _rewait(
         for (eid, rid, item, ts, grade), shown_ms in zip(rows, times, strict=True):
             if shown_ms is None:
                 continue
-            named.setdefault(rid, {})[eid] = PendingInteraction(eid, item, ts, grade)
-            named_rid[eid] = rid
+            if eid not in state.named_rid:
+                state.attach(rid, PendingInteraction(eid, item, ts, grade))
             last = max(last, deadline(shown_ms))
         state.segments.append((last, name))
 
