@@ -2,7 +2,7 @@
 
     make services && eval "$(python3 scripts/services.py env)"
     .venv/bin/python bench/bench_open_memory.py [--requests 100000] [--warmup 60000]
-        [--steps 4]
+        [--steps 4] [--clicks named|loose]
 
 One `python -m evaluator run` (defaults, but a 24 h attribution window, so nothing
 is finalised) consumes ``--warmup`` impressions of 20 items with a diversity
@@ -20,6 +20,10 @@ catalog; the 20,000 of sessions 26-41 gave 100,000, and ~14% of the catalog per
 partition (27,000 strings of the 4 codebooks, ~25 bytes per open request) then
 entered the figure, with the allocators' growth to their steady state: 300-560
 bytes from run to run where 60,000 give 150-240 (BENCHMARKS.md, session 42).
+With ``--clicks``, one click per request of the ``--requests`` then follows, on an
+item it showed, naming its request (``named``) or without a request id (``loose``),
+in the same steps: the same growths per waiting click (each waits, as its request
+does, for the 24 h window).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from pathlib import Path
 
 import redis
 from _common import machine
+from bench_open_interactions import clicks
 from bench_partition import impressions
 from bench_run import committed, drop_prefix, evaluator_env, produce, start_evaluator
 from kafka.admin import KafkaAdminClient
@@ -70,6 +75,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=100_000)
     parser.add_argument("--warmup", type=int, default=60_000)
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--clicks", choices=["named", "loose"])
     args = parser.parse_args()
     bootstrap, url = os.environ["KAFKA_BOOTSTRAP_SERVERS"], os.environ["REDIS_URL"]
     name = f"bench-open-{uuid.uuid4().hex[:6]}"
@@ -83,24 +89,35 @@ def main() -> None:
         "EVALUATOR_HTTP__PORT": "0",
     }
     client = redis.Redis.from_url(url)
+    report: list[tuple[str, list[tuple[int, int]]]] = []
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     with tempfile.TemporaryDirectory() as tmp, open(Path(tmp) / "run.log", "wb") as log:
         proc = start_evaluator(env, log)
         try:
             wait_committed(admin, f"{name}-eval", len(warm), proc)
-            points = [(rss_bytes(proc.pid), client.info("memory")["used_memory"])]
             from kafka import KafkaProducer
 
             producer = KafkaProducer(
                 bootstrap_servers=bootstrap, linger_ms=20, batch_size=256_000, acks=1
             )
-            for first, end in itertools.pairwise(bounds):
-                for payload in rest[first:end]:
-                    key = json.loads(payload)["user_id"].encode()
-                    producer.send(f"{name}-impressions", payload, key=key)
-                producer.flush()
-                wait_committed(admin, f"{name}-eval", args.warmup + end, proc)
-                points.append((rss_bytes(proc.pid), client.info("memory")["used_memory"]))
+
+            def probe() -> tuple[int, int]:
+                return rss_bytes(proc.pid), client.info("memory")["used_memory"]
+
+            done = args.warmup
+            for topic, batch in [("impressions", rest)] + (
+                [("interactions", clicks(rest, args.clicks == "named"))] if args.clicks else []
+            ):
+                points = [probe()]  # a click's figures start where the requests' end
+                for first, end in itertools.pairwise(bounds):
+                    for payload in batch[first:end]:
+                        key = json.loads(payload)["user_id"].encode()
+                        producer.send(f"{name}-{topic}", payload, key=key)
+                    producer.flush()
+                    wait_committed(admin, f"{name}-eval", done + end, proc)
+                    points.append(probe())
+                done += len(batch)
+                report.append((topic, points))
             producer.close()
         finally:
             proc.terminate()
@@ -112,19 +129,25 @@ def main() -> None:
         f"{args.requests:,} open requests of 20 items after {args.warmup:,} (24 h window), "
         f"{args.steps} steps"
     )
-    for label, column in (("process RSS", 0), ("Redis memory", 1)):
-        values = [point[column] for point in points]
-        steps = [
-            (b - a) / (n1 - n0)
-            for (a, b), (n0, n1) in zip(
-                itertools.pairwise(values), itertools.pairwise(bounds), strict=True
-            )
-        ]
-        fit = statistics.linear_regression(bounds, values).slope
-        print(
-            f"  {label} per open request: {(values[-1] - values[0]) / args.requests:,.0f} bytes "
-            f"(slope {fit:,.0f}; steps {', '.join(f'{s:,.0f}' for s in steps)})"
+    for topic, points in report:
+        unit = "open request" if topic == "impressions" else f"waiting click ({args.clicks})"
+        for label, column in (("process RSS", 0), ("Redis memory", 1)):
+            _print_growth(f"{label} per {unit}", [point[column] for point in points], bounds)
+
+
+def _print_growth(label: str, values: list[int], bounds: list[int]) -> None:
+    """Growth per unit from the first point to the last, each step's, and the slope."""
+    steps = [
+        (b - a) / (n1 - n0)
+        for (a, b), (n0, n1) in zip(
+            itertools.pairwise(values), itertools.pairwise(bounds), strict=True
         )
+    ]
+    fit = statistics.linear_regression(bounds, values).slope
+    print(
+        f"  {label}: {(values[-1] - values[0]) / bounds[-1]:,.0f} bytes "
+        f"(slope {fit:,.0f}; steps {', '.join(f'{s:,.0f}' for s in steps)})"
+    )
 
 
 if __name__ == "__main__":
