@@ -526,6 +526,27 @@ def test_loose_interaction_fields_of_the_previous_format_are_hashed_and_go_once_
     assert engine.state.changes.get("x:L1", b"") is None
 
 
+def test_a_loose_interaction_older_than_the_marker_ttl_is_late_and_writes_no_marker() -> None:
+    """A request-less interaction whose time is already before the markers' expiry
+    bound is counted late and leaves no hash (it would count for nothing): a later
+    redelivery is late again, as any event redelivered after ``finalised_ttl``."""
+    settings = load_settings(environ={})
+    config = engine_config(settings)
+    t0 = 1_000_000_000
+    old = {"m:": msgspec.msgpack.encode(t0)}
+    state = restore_state(old.items(), config.finalise.deadline, config.history_cap)
+    engine = PartitionEngine(0, config, state, t0, {"impressions": t0, "interactions": t0})
+    engine.take()
+    event = {"event_id": "L", "user_id": "u", "item_id": "x", "type": "click"}
+    click = ("interactions", {**event, "timestamp": t0 - config.horizon_ms - 1})  # late
+    step(engine, [click, click], settings)
+    changes, counts = engine.take()
+    assert (counts.late, counts.duplicates) == (1, 1)  # the same batch: a duplicate
+    assert not [name for name in changes if name[:2] in ("g:", "x:")]
+    step(engine, [click], settings)
+    assert engine.take()[1].late == 1
+
+
 def test_segments_hold_at_most_segment_rows_and_restore_whole() -> None:
     """A checkpoint after many new requests (and finalisations) writes several
     segments of at most ``segment_rows`` rows; the state rebuilt from them is whole."""

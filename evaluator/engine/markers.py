@@ -15,7 +15,7 @@ random seed (field ``k:``; the event ids' with the seed xor :data:`SEEN_SALT`, s
 the two kinds of hash are independent),
 so nobody can choose ids that collide; by chance two of 10 million live ids collide
 with a probability of about 1 in 370,000, and such a collision counts one new
-request as a duplicate.
+request (or one new request-less interaction) as a duplicate.
 
 In memory the hashes and their deadlines are :class:`~evaluator.engine.hashruns.HashRuns`:
 sorted runs in three levels, looked up a batch at a time at a cost that does not grow
@@ -98,14 +98,16 @@ class Markers:
     final: HashRuns = field(default_factory=HashRuns)
     """Finalised requests' hashes -> their deadlines."""
     applied: HashRuns = field(default_factory=HashRuns)
-    """Hashes of (request, event, deadline) of the interactions applied or counted late."""
+    """Hashes of (request, event, deadline) of the interactions applied or counted late,
+    with their markers' deadlines, and of the event ids of request-less interactions
+    taken, expired or late, with their own times."""
     before_ms: int | None = None
     """Markers whose deadline is before this have expired (field ``m:``)."""
     new_final: Pending = field(default_factory=Pending)
     new_applied: Pending = field(default_factory=Pending)
     segments: list[tuple[int, str]] = field(default_factory=list)
     """Heap of (largest deadline, field name) of the stored segments (``g:<n>``, and
-    ``f:<request>`` fields of older versions)."""
+    the ``f:<request>`` and ``x:<event>`` fields of older versions)."""
     next_segment: int = 0
 
     @property
@@ -131,8 +133,11 @@ class Markers:
     def add_seen(self, eids: Sequence[str], times_ms: Sequence[int]) -> None:
         """Mark loose interactions taken, expired or late (until their own time is
         past the bound): in the next flush's segment, with the applied ones."""
-        if eids:
-            self.add_applied(self.seen_keys(eids), np.array(times_ms, dtype=np.int64))
+        times = np.array(times_ms, dtype=np.int64)
+        live = times >= self.bound  # one already expired would count for nothing, even
+        if live.any():  # written (a redelivery of it is late again, as after the TTL)
+            kept = [eid for eid, keep in zip(eids, live.tolist(), strict=True) if keep]
+            self.add_applied(self.seen_keys(kept), times[live])
 
     def deadlines(self, rids: Sequence[str]) -> list[int | None]:
         """The deadline of each request's marker, None when it has none that counts."""
@@ -168,7 +173,8 @@ class Markers:
             self.add_applied(self.pair_keys(rs, es, ds), np.array(ds, dtype=np.int64))
 
     def add_applied(self, keys: U64, deadlines: I64) -> None:
-        """Interactions counted late (their hashes, their markers' deadlines)."""
+        """Interactions counted late (their hashes, their markers' deadlines), or
+        request-less ones marked (:meth:`add_seen`)."""
         self.applied.add(keys, deadlines, self.bound)
         self.new_applied.add(keys, deadlines)
 

@@ -71,8 +71,9 @@ class PartitionState:
     """The open requests, as columns (final once the watermark passes their
     impression time plus :attr:`delay_ms`)."""
     named: dict[str, list[PendingInteraction]] = field(default_factory=dict)
-    """Request id -> interactions naming it (the request may not have arrived yet), in
-    the order they came (a list: a dict per request cost ~200 bytes more)."""
+    """Request id -> interactions naming it (the request may not have arrived yet): a
+    list, in the order they came (a restored state's order may differ, which no result
+    depends on; a dict per request cost ~200 bytes more)."""
     named_rid: dict[str, str] = field(default_factory=dict)
     """Event id of a waiting named interaction -> its request id."""
     users: dict[str, UserState] = field(default_factory=dict)
