@@ -23,20 +23,29 @@ def _lists(rng: random.Random, n: int) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_positions_agree_with_list_index(seed: int) -> None:
+@pytest.mark.parametrize("lookups", [1, 8, 200])
+def test_positions_agree_with_list_index(seed: int, lookups: int) -> None:
     """The first position of each value in its row, as ``list.index`` finds it (lists
-    may repeat a value; a negative value or row is absent)."""
+    may repeat a value; a negative value or row is absent): by the gather of the rows
+    looked up (few lookups) or by one sort (more values looked at than held)."""
     rng = random.Random(seed)
     lists = _lists(rng, 30)
     ragged = Ragged.of_lists(lists)
-    rows = [rng.randrange(-1, 30) for _ in range(200)]
-    values = [rng.randrange(-1, 14) for _ in range(200)]
+    rows = [rng.randrange(-1, 30) for _ in range(lookups)]
+    values = [rng.randrange(-1, 14) for _ in range(lookups)]
     expected = [
         lists[r].index(v) if r >= 0 and v in lists[r] else -1
         for r, v in zip(rows, values, strict=True)
     ]
-    got = ragged.positions(np.array(rows, dtype=np.int64), np.array(values, dtype=np.int64))
-    assert got.tolist() == expected
+    arrays = np.array(rows, dtype=np.int64), np.array(values, dtype=np.int64)
+    assert ragged.positions(*arrays).tolist() == expected
+    assert ragged._sorted_positions(*arrays).tolist() == expected
+
+
+def test_positions_in_empty_rows_are_absent() -> None:
+    ragged = Ragged.of_lists([[], [4, 5], []])
+    got = ragged.positions(np.array([0, 2, 1], dtype=np.int64), np.array([4, 4, 5], dtype=np.int64))
+    assert got.tolist() == [-1, -1, 1]
 
 
 @pytest.mark.parametrize("k", [1, 3, 10])

@@ -99,10 +99,29 @@ class Ragged:
     def positions(self, rows: I64, values: I64) -> I64:
         """The 0-based position of ``values[i]`` in row ``rows[i]`` (its first, as
         ``list.index``), -1 where it is absent. Values are non-negative codes (a
-        negative one is absent everywhere); one sort and one binary search."""
+        negative one is absent everywhere). Each value is compared with its own row
+        (a gather of the rows' values, padded to the longest), unless those rows hold
+        more values than the whole array: then one sort and one binary search."""
         out = np.full(rows.size, -1, dtype=np.int64)
         if not rows.size or not self.flat.size:
             return out
+        wanted = np.flatnonzero((values >= 0) & (rows >= 0))
+        starts = self.off[rows[wanted]].astype(np.int64)
+        lengths = self.off[rows[wanted] + 1] - starts
+        width = int(lengths.max(initial=0))
+        if width * wanted.size > 2 * self.flat.size:
+            return self._sorted_positions(rows, values)
+        column = np.arange(width)
+        at = np.minimum(starts[:, None] + column, self.flat.size - 1)
+        match = (self.flat[at] == values[wanted, None]) & (column < lengths[:, None])
+        first = match.argmax(axis=1) if width else np.zeros(wanted.size, dtype=np.int64)
+        found = match[np.arange(wanted.size), first] if width else first.astype(np.bool_)
+        out[wanted[found]] = first[found]
+        return out
+
+    def _sorted_positions(self, rows: I64, values: I64) -> I64:
+        """:meth:`positions` by one sort of every value (rows and values as there)."""
+        out = np.full(rows.size, -1, dtype=np.int64)
         flat = self.flat.astype(np.int64)
         width = int(max(int(flat.max()), int(values.max(initial=0)))) + 1
         row_of = self.row_of()
