@@ -628,14 +628,14 @@ def test_interactions_naming_unknown_requests_expire_alike_when_restored() -> No
         engine = PartitionEngine(0, config)
         changelog: dict[str, bytes] = {}
         step(engine, first, settings)
-        kept = [key for _, kind, key in engine.state.expiry if kind == 3]
+        kept = [key for _, key in engine.state.expiry]
         assert kept == ["e2"]
         apply_changes(changelog, engine.take()[0])
         assert "i:e2" in changelog  # its request is not open: a field of its own
         assert [row[0] for row in msgspec.msgpack.decode(changelog["j:0"])] == ["e1"]
         if restored:
             state = restore_state(changelog.items(), config.finalise.deadline, config.history_cap)
-            assert [key for _, kind, key in state.expiry if kind == 3] == ["e2"]
+            assert [key for _, key in state.expiry] == ["e2"]
             engine = PartitionEngine(0, config, state, engine.watermark_ms, engine.input_times())
         # data time moves on past the TTL: q1 is final, then the orphan expires
         for ts in (t0 + ttl // 2, t0 + ttl + config.horizon_ms + 10_000):

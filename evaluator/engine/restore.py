@@ -81,7 +81,7 @@ def restore_state(
     _rewait(state, waiting, deadline)
     rids = list(state.named)
     state.expiry += [  # as :meth:`PartitionState.add_named` keeps them
-        (it.timestamp_ms, 3, it.event_id)
+        (it.timestamp_ms, it.event_id)
         for rid, is_open in zip(rids, state.requests.contains(rids), strict=True)
         if not is_open
         for it in state.named[rid]

@@ -77,8 +77,8 @@ class PartitionState:
     named_rid: dict[str, str] = field(default_factory=dict)
     """Event id of a waiting named interaction -> its request id."""
     users: dict[str, UserState] = field(default_factory=dict)
-    expiry: list[tuple[int, int, str]] = field(default_factory=list)
-    """Heap of (time, 3, event) of interactions naming a request not open when they came
+    expiry: list[tuple[int, str]] = field(default_factory=list)
+    """Heap of (time, event) of interactions naming a request not open when they came
     (``i:``; one that never arrives), dropped once the watermark passes time + the
     marker TTL. An interaction naming an open request has no entry: the request's
     finalisation removes it (so this heap does not hold every interaction of the marker
@@ -185,7 +185,7 @@ class PartitionState:
         if is_open:  # its request's finalisation consumes it: a segment row
             self.waiting[eid] = (rid, it)
             return
-        heapq.heappush(self.expiry, (it.timestamp_ms, 3, eid))
+        heapq.heappush(self.expiry, (it.timestamp_ms, eid))
         self.fielded.add(eid)
         self.create("i:" + eid, _encode((rid, it.item_id, it.timestamp_ms, it.grade)))
 
@@ -319,7 +319,7 @@ class PartitionState:
         self.mark_seen(eids, times)
         named = self.expiry
         while named and named[0][0] < markers_before_ms:
-            self._expire_named(heapq.heappop(named)[2])
+            self._expire_named(heapq.heappop(named)[1])
         self.markers.expire(markers_before_ms)
 
     def _expire_named(self, key: str) -> None:
