@@ -17,7 +17,7 @@ from evaluator.config import load_settings
 from evaluator.core.decode import decode_impressions, decode_interactions
 from evaluator.core.finalise import Finalised
 from evaluator.engine import columns
-from evaluator.engine.markers import NONE_MS
+from evaluator.engine.markers import NONE_MS, Markers
 from evaluator.engine.markers import decode_segment as decode_marker_segment
 from evaluator.engine.partition import PartitionEngine
 from evaluator.engine.plan import EngineConfig
@@ -142,15 +142,18 @@ def held(state: PartitionState, rid: str) -> bool:
 def assert_same_state(restored: PartitionState, live: PartitionState) -> None:
     """Everything the join reads, rebuilt from the changelog, equals the live state."""
     assert restored.exposed.live() == live.exposed.live()
-    for name in ("requests", "named_rid"):
+    for name in ("requests", "named_rid", "loose_user"):
         assert getattr(restored, name) == getattr(live, name), name
     assert {rid: sorted(its) for rid, its in restored.named.items()} == {
         rid: sorted(its) for rid, its in live.named.items()
     }
     assert live_markers(restored) == live_markers(live)
     assert restored.users.keys() == live.users.keys()
-    for uid, user in live.users.items():
-        assert restored.users[uid] == user, uid
+    for uid, user in live.users.items():  # loose interactions in any order
+        again = restored.users[uid]
+        assert dataclasses.replace(again, loose=sorted(again.loose)) == dataclasses.replace(
+            user, loose=sorted(user.loose)
+        ), uid
 
 
 def totals_of(done: list[Finalised]) -> dict[str, np.ndarray]:
@@ -184,6 +187,49 @@ def test_engine_equals_replay(seed: int, restore_every: int, take_every: int, tm
     apply_changes(changelog, engine.take()[0])
     # every request segment went once all its requests were final
     assert [key for key in changelog if key[0] in "rst"] == []
+
+
+def reuse_event_ids(events: EventSet, seed: int) -> None:
+    """Give some request-less interactions' event ids to another user's interactions too
+    (request-less, or naming that user's request): a producer reusing ids. Both users'
+    events land in one partition here, where the first is the one applied."""
+    rng = random.Random(seed)
+    loose = [it for it in events.interactions if "request_id" not in it]
+    users = sorted({e["user_id"] for e in events.impressions})
+    by_user: dict[str, list[dict[str, Any]]] = {}
+    for imp in events.impressions:
+        by_user.setdefault(imp["user_id"], []).append(imp)
+    for it in rng.sample(loose, len(loose) // 3):
+        other = rng.choice([u for u in users if u != it["user_id"]])
+        imp = rng.choice(by_user[other])
+        ts = imp["timestamp"] + rng.randrange(-2_000, 600_000)
+        if abs(ts - it["timestamp"]) < 3_500:  # the pair's order must not hang on jitter
+            ts = it["timestamp"] + 3_500
+        copy = {**it, "user_id": other, "item_id": rng.choice(imp["items"]), "timestamp": ts}
+        if rng.random() < 0.3:
+            copy["request_id"] = imp["request_id"]
+        events.interactions.insert(rng.randrange(len(events.interactions) + 1), copy)
+
+
+@pytest.mark.parametrize("restore_every", [0, 1, 3])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_an_event_id_reused_by_another_user_is_a_duplicate_live_restored_and_in_replay(
+    seed: int, restore_every: int, tmp_path
+) -> None:
+    """Replay applies an event id once, whoever's; so does a partition, live and as
+    restored from its changelog (before: each user applied it, and the two users shared
+    one changelog field, so a restored state lost the second's)."""
+    settings = load_settings(environ={})
+    events = generate(seed, requests=300, users=12)
+    reuse_event_ids(events, seed)
+    # the first of two events with one id is applied: replay's file holds each pair in
+    # the order the engine reads them, as a dump of the topic would (their times are
+    # further apart than the order's jitter)
+    events.interactions.sort(key=lambda e: e["timestamp"])
+    engine, done = run_engine(events, settings, seed, restore_every=restore_every)
+    report = evaluate_files(*events.write(tmp_path), settings, progress=False)
+    compare_totals(totals_of(done), report, settings)
+    assert engine.open_requests() == 0
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -524,6 +570,48 @@ def test_loose_interaction_fields_of_the_previous_format_are_hashed_and_go_once_
     assert "x:L1" not in engine.state.changes
     engine.state.markers.expire(bound + 11)
     assert engine.state.changes.get("x:L1", b"") is None
+
+
+def test_applied_interactions_hashed_as_the_previous_version_did_stay_duplicates() -> None:
+    """Versions before 2026-12-08 marked an applied interaction as the hash of
+    (request, event, deadline): a new owner still finds its redelivery a duplicate,
+    not late; new ones are marked by event id, so its id reused by another event
+    (another request's, or request-less) is a duplicate too, as in replay."""
+    settings = load_settings(environ={})
+    config = engine_config(settings)
+    t0 = 1_000_000_000
+    deadline = config.finalise.deadline(t0)
+    old_log: dict[str, bytes | None] = {}
+
+    class Log:
+        def set(self, name: str, value: bytes | None) -> None:
+            old_log[name] = value
+
+    before = Markers(Log())  # what the previous version wrote for q1 and its click c1
+    before.add(["q1"], [deadline])
+    before.add_applied(before.pair_keys(["q1"], ["c1"], [deadline]), np.array([deadline]))
+    before.write(old_log, rows=100)
+    old = {"m:": msgspec.msgpack.encode(t0 - 1), **old_log}
+    state = restore_state(
+        [(k, v) for k, v in old.items() if v is not None],
+        config.finalise.deadline,
+        config.history_cap,
+    )
+    engine = PartitionEngine(0, config, state, deadline, {"impressions": t0, "interactions": t0})
+    engine.take()
+
+    def click(eid: str, rid: str | None) -> tuple[str, dict[str, Any]]:
+        event = {"event_id": eid, "user_id": "u", "item_id": "x", "type": "click"}
+        named = {"request_id": rid} if rid else {}
+        return "interactions", {**event, "timestamp": t0 + 5, **named}
+
+    step(engine, [click("c1", "q1"), click("c2", "q1")], settings)
+    counts = engine.take()[1]
+    assert (counts.late, counts.duplicates) == (1, 1)  # c1 a duplicate, c2 late
+    step(engine, [click("c2", "q1"), click("c2", None), click("c1", "q1")], settings)
+    counts = engine.take()[1]
+    assert (counts.late, counts.duplicates) == (0, 3)
+    assert engine.state.markers.seen_keys(["c2"])[0] in engine.state.markers.live()[1]
 
 
 def test_a_loose_interaction_older_than_the_marker_ttl_is_late_and_writes_no_marker() -> None:

@@ -3,14 +3,17 @@ interactions each one applied or counted late, and which request-less interactio
 were taken or pruned. Pure: no I/O.
 
 A marker makes a redelivered impression a duplicate and an interaction naming a
-finalised request late (or a duplicate, when it applied already). Markers live for
-``finalised_ttl`` of data time, millions of them, so none is an object or keeps an
-id: a marker is the 64-bit hash of its request id and its deadline, and each
-interaction it applied or counted late is the 64-bit hash of (request, event,
-deadline). A request-less ("loose") interaction that a finalised request took, that
-expired unjoined or that came late is the 64-bit hash of its event id, with its own
-time for a deadline, held with the applied interactions (:meth:`Markers.add_seen`):
-a redelivery is then a duplicate. The hashes are keyed with the partition's own
+finalised request late (or a duplicate, when its event id was applied already).
+Markers live for ``finalised_ttl`` of data time, millions of them, so none is an
+object or keeps an id: a marker is the 64-bit hash of its request id and its
+deadline, and each interaction it applied or counted late is the 64-bit hash of its
+event id, with the request's deadline. A request-less ("loose") interaction that a
+finalised request took, that expired unjoined or that came late is the same hash of
+its event id, with its own time for a deadline (:meth:`Markers.add_seen`). A
+redelivery is then a duplicate, and so is another event reusing the id, whichever
+request or user it names, as in replay. (Versions before 2026-12-08 hashed an
+applied interaction as (request, event, deadline): read, by :func:`Markers.pair_keys`,
+until they expire.) The hashes are keyed with the partition's own
 random seed (field ``k:``; the event ids' with the seed xor :data:`SEEN_SALT`, so
 the two kinds of hash are independent),
 so nobody can choose ids that collide; by chance two of 10 million live ids collide
@@ -118,6 +121,8 @@ class Markers:
         return hash_strings(rids, self.seed)
 
     def pair_keys(self, rids: Sequence[str], eids: Sequence[str], deadlines: Sequence[int]) -> U64:
+        """Hashes of (request, event, deadline): how versions before 2026-12-08 marked
+        an interaction applied or counted late (read until they expire)."""
         joined = [f"{r}\x1f{e}\x1f{d}" for r, e, d in zip(rids, eids, deadlines, strict=True)]
         return hash_strings(joined, self.seed)
 
@@ -125,7 +130,8 @@ class Markers:
         return hash_strings(eids, self.seed ^ SEEN_SALT)
 
     def were_seen(self, eids: Sequence[str]) -> list[bool]:
-        """Whether each loose interaction's event id has a marker that counts."""
+        """Whether each interaction's event id has a marker that counts: applied,
+        counted late, or request-less and taken, expired or late."""
         if not eids or not len(self.applied):
             return [False] * len(eids)
         return (self.applied.find(self.seen_keys(eids)) >= self.bound).tolist()  # type: ignore[no-any-return]
@@ -152,25 +158,26 @@ class Markers:
         return (self.final.find(self.keys(rids)) >= self.bound).tolist()  # type: ignore[no-any-return]
 
     def were_applied(self, keys: U64) -> list[bool]:
-        """Whether each (request, event, deadline) hash was applied or counted late."""
+        """Whether each (request, event, deadline) hash was applied or counted late (the
+        hashes versions before 2026-12-08 wrote: :func:`pair_keys`)."""
         return (self.applied.find(keys) >= self.bound).tolist()  # type: ignore[no-any-return]
 
     def add(
         self,
         rids: Sequence[str],
         deadlines: Sequence[int],
-        applied: Sequence[tuple[str, str, int]] = (),
+        applied: Sequence[tuple[str, int]] = (),
     ) -> None:
-        """Mark requests final, with the (request, event, deadline) of the interactions
-        each applied; all go in the next flush's segment."""
+        """Mark requests final, with the (event id, request's deadline) of the
+        interactions they applied; all go in the next flush's segment."""
         if rids:
             keys = self.keys(rids)
             times = np.array(deadlines, dtype=np.int64)
             self.final.add(keys, times, self.bound)
             self.new_final.add(keys, times)
         if applied:
-            rs, es, ds = zip(*applied, strict=True)
-            self.add_applied(self.pair_keys(rs, es, ds), np.array(ds, dtype=np.int64))
+            es, ds = zip(*applied, strict=True)
+            self.add_applied(self.seen_keys(es), np.array(ds, dtype=np.int64))
 
     def add_applied(self, keys: U64, deadlines: I64) -> None:
         """Interactions counted late (their hashes, their markers' deadlines), or
@@ -264,14 +271,14 @@ class Markers:
         return [(none, none.view(np.int64), self.seen_keys([eid for eid, _ in live]), times)]
 
     def _hashed(self, rows: list[tuple[str, int, list[str]]]) -> tuple[U64, I64, U64, I64]:
-        """Rows of ids (request, deadline, event ids) as hashes."""
-        applied = [(rid, eid, d) for rid, d, ids in rows for eid in ids]
-        rs, es, ds = zip(*applied, strict=True) if applied else ((), (), ())
+        """Rows of ids (request, deadline, event ids) as hashes (the applied events'
+        as this version writes them)."""
+        applied = [(eid, d) for _, d, ids in rows for eid in ids]
         return (
             self.keys([rid for rid, _, _ in rows]),
             np.array([d for _, d, _ in rows], dtype=np.int64),
-            self.pair_keys(rs, es, ds),
-            np.array(ds, dtype=np.int64),
+            self.seen_keys([eid for eid, _ in applied]),
+            np.array([d for _, d in applied], dtype=np.int64),
         )
 
     def live(self) -> tuple[dict[int, int], set[int]]:

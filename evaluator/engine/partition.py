@@ -65,7 +65,9 @@ class StepCounts:
 
 class _Late:
     """The interactions of a batch that name a finalised request: each is late the
-    first time (its hash is recorded with its marker), a duplicate after."""
+    first time (its event id's hash is recorded with the request's deadline), a
+    duplicate after (the ingestion finds its id seen). Here, one that an older
+    version marked as a (request, event, deadline) hash is found a duplicate too."""
 
     def __init__(self, markers: Markers, events: list[Any], marked: dict[str, int | None]):
         self.markers = markers
@@ -95,9 +97,9 @@ class _Late:
         self.new.append(n)
         return True
 
-    def record(self) -> None:
+    def record(self, events: list[Any]) -> None:
         if self.new:
-            keys = np.array([self.keys[n] for n in self.new], dtype=np.uint64)
+            keys = self.markers.seen_keys([events[n].event_id for n in self.new])
             deadlines = np.array([self.deadline[n] for n in self.new], dtype=np.int64)
             self.markers.add_applied(keys, deadlines)
 
@@ -177,7 +179,7 @@ class PartitionEngine:
 
     def _ingest_interactions(self, interactions: InteractionBatch) -> None:
         state, counts = self.state, self.counts
-        named_rid, users = state.named_rid, state.users
+        named_rid, loose_user = state.named_rid, state.loose_user
         loose_late_before = self._loose_late_before()
         events = interactions.events
         seen = state.were_seen([it.event_id for it in events])
@@ -195,11 +197,8 @@ class PartitionEngine:
         times, grades = interactions.timestamp_ms, interactions.grade
         for n, (it, ts, grade) in enumerate(zip(events, times, grades, strict=True)):
             eid = it.event_id
-            if eid in named_rid or seen[n] or eid in marking:
-                counts.duplicates += 1
-                continue
-            user = users.get(it.user_id)
-            if user is not None and eid in user.loose:
+            # held, applied or counted already, whoever's it was: replay's rule
+            if eid in named_rid or seen[n] or eid in marking or eid in loose_user:
                 counts.duplicates += 1
                 continue
             if grade > 0:  # the histories change after the loop: nothing here reads them
@@ -212,6 +211,7 @@ class PartitionEngine:
                     )
                 elif late.count(n):
                     counts.late += 1
+                    marking.add(eid)  # its id reused later in the batch is a duplicate
                 else:
                     counts.duplicates += 1
             elif ts < loose_late_before:
@@ -223,7 +223,7 @@ class PartitionEngine:
                 state.add_loose(it.user_id, PendingInteraction(eid, it.item_id, ts, grade))
         state.add_histories(relevant)
         state.mark_seen(late_ids, late_ms)
-        late.record()
+        late.record(events)
 
     def _loose_late_before(self) -> int:
         if self.watermark_ms is None:

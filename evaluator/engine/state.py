@@ -83,6 +83,10 @@ class PartitionState:
     marker TTL. An interaction naming an open request has no entry: the request's
     finalisation removes it (so this heap does not hold every interaction of the marker
     TTL)."""
+    loose_user: dict[str, str] = field(default_factory=dict)
+    """Event id of a held loose interaction -> its user: an event id is applied once
+    in the partition, whichever user's it is (as replay applies it once), and its
+    ``l:`` field is its alone."""
     loose_expiry: list[tuple[int, str, str]] = field(default_factory=list)
     """Heap of (time, user, event) of loose interactions, dropped past the horizon."""
     changes: Changes = field(default_factory=dict)
@@ -195,7 +199,9 @@ class PartitionState:
         self.named_rid[it.event_id] = rid
 
     def add_loose(self, user_id: str, it: PendingInteraction) -> None:
-        self.user(user_id).loose[it.event_id] = it
+        """Hold a request-less interaction (none held with its event id)."""
+        self.user(user_id).loose.append(it)
+        self.loose_user[it.event_id] = user_id
         heapq.heappush(self.loose_expiry, (it.timestamp_ms, user_id, it.event_id))
         self.create("l:" + it.event_id, _encode((user_id, it.item_id, it.timestamp_ms, it.grade)))
 
@@ -262,7 +268,7 @@ class PartitionState:
             self.requests.remove(rids)
         else:
             self.requests.close(places)
-        applied: list[tuple[str, str, int]] = []
+        applied: list[tuple[str, int]] = []
         for rid, deadline in zip(rids, deadlines_ms, strict=True):
             if rid in fresh:
                 fresh.discard(rid)
@@ -275,7 +281,7 @@ class PartitionState:
             for it in waiting:
                 eid = it.event_id
                 named_rid.pop(eid, None)
-                applied.append((rid, eid, deadline))
+                applied.append((eid, deadline))
                 # not yet written, or a row of a segment that goes by its deadlines
                 if unwritten.pop(eid, None) is None and eid in fielded:
                     fielded.discard(eid)
@@ -310,13 +316,12 @@ class PartitionState:
         """Drop loose interactions older than ``loose_before_ms`` (they can join nothing
         open; remembered as seen so a redelivery is a duplicate) and markers older than
         ``markers_before_ms``."""
-        heap, eids, times = self.loose_expiry, [], []
+        heap, popped = self.loose_expiry, []
         while heap and heap[0][0] < loose_before_ms:
-            t, uid, eid = heapq.heappop(heap)
-            if self._forget_loose(uid, eid):
-                eids.append(eid)
-                times.append(t)
-        self.mark_seen(eids, times)
+            popped.append(heapq.heappop(heap))
+        held = self._forget_loose([(uid, eid) for _, uid, eid in popped])
+        gone = [entry for entry, kept in zip(popped, held, strict=True) if kept]
+        self.mark_seen([eid for _, _, eid in gone], [t for t, _, _ in gone])
         named = self.expiry
         while named and named[0][0] < markers_before_ms:
             self._expire_named(heapq.heappop(named)[1])
@@ -339,18 +344,28 @@ class PartitionState:
         """Request-less interactions (user id, interaction) attributed to a finalised
         request: they join no other (remembered as seen, so a redelivery is a
         duplicate)."""
-        gone = [it for uid, it in taken if self._forget_loose(uid, it.event_id)]
+        held = self._forget_loose([(uid, it.event_id) for uid, it in taken])
+        gone = [it for (_, it), kept in zip(taken, held, strict=True) if kept]
         self.mark_seen([it.event_id for it in gone], [it.timestamp_ms for it in gone])
 
-    def _forget_loose(self, user_id: str, event_id: str) -> bool:
-        """Drop a loose interaction (False: not held)."""
-        user = self.users.get(user_id)
-        if user is None or event_id not in user.loose:
-            return False
-        del user.loose[event_id]
-        self.delete("l:" + event_id)
-        self._drop_if_empty(user_id, user)
-        return True
+    def _forget_loose(self, pairs: Sequence[tuple[str, str]]) -> list[bool]:
+        """Drop loose interactions (user id, event id); whether each was held. Each
+        user's list is rewritten once, however many of theirs go."""
+        owner = self.loose_user
+        held: list[bool] = []
+        gone: dict[str, set[str]] = {}
+        for user_id, event_id in pairs:
+            kept = owner.get(event_id) == user_id
+            if kept:
+                del owner[event_id]
+                gone.setdefault(user_id, set()).add(event_id)
+                self.delete("l:" + event_id)
+            held.append(kept)
+        for user_id, eids in gone.items():
+            user = self.users[user_id]
+            user.loose = [it for it in user.loose if it.event_id not in eids]
+            self._drop_if_empty(user_id, user)
+        return held
 
     def drop_history_before(self, before_ms: int) -> None:
         """Forget the histories of users with no relevant interaction since
