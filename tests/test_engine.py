@@ -149,11 +149,8 @@ def assert_same_state(restored: PartitionState, live: PartitionState) -> None:
     }
     assert live_markers(restored) == live_markers(live)
     assert restored.users.keys() == live.users.keys()
-    for uid, user in live.users.items():  # loose interactions in any order
-        again = restored.users[uid]
-        assert dataclasses.replace(again, loose=sorted(again.loose)) == dataclasses.replace(
-            user, loose=sorted(user.loose)
-        ), uid
+    for uid, user in live.users.items():
+        assert restored.users[uid] == user, uid
 
 
 def totals_of(done: list[Finalised]) -> dict[str, np.ndarray]:
@@ -600,18 +597,27 @@ def test_applied_interactions_hashed_as_the_previous_version_did_stay_duplicates
     engine = PartitionEngine(0, config, state, deadline, {"impressions": t0, "interactions": t0})
     engine.take()
 
-    def click(eid: str, rid: str | None) -> tuple[str, dict[str, Any]]:
-        event = {"event_id": eid, "user_id": "u", "item_id": "x", "type": "click"}
+    def click(eid: str, rid: str | None, user: str = "u") -> tuple[str, dict[str, Any]]:
+        event = {"event_id": eid, "user_id": user, "item_id": "x", "type": "click"}
         named = {"request_id": rid} if rid else {}
         return "interactions", {**event, "timestamp": t0 + 5, **named}
 
-    step(engine, [click("c1", "q1"), click("c2", "q1")], settings)
+    # c1 a duplicate (the old hash), then its id request-less: a duplicate too; c2 late
+    step(engine, [click("c1", "q1"), click("c1", None), click("c2", "q1")], settings)
     counts = engine.take()[1]
-    assert (counts.late, counts.duplicates) == (1, 1)  # c1 a duplicate, c2 late
+    assert (counts.late, counts.duplicates) == (1, 2)
+    assert "c1" not in engine.state.loose_user
+    # a duplicate is no relevant interaction of the cold-start history; a late one is
+    assert [eid for _, eid in engine.state.users["u"].history] == ["c2"]
     step(engine, [click("c2", "q1"), click("c2", None), click("c1", "q1")], settings)
     counts = engine.take()[1]
     assert (counts.late, counts.duplicates) == (0, 3)
     assert engine.state.markers.seen_keys(["c2"])[0] in engine.state.markers.live()[1]
+    # late, then its id reused by another user's request-less click in the same batch
+    step(engine, [click("c3", "q1"), click("c3", None, user="v")], settings)
+    counts = engine.take()[1]
+    assert (counts.late, counts.duplicates) == (1, 1)
+    assert "c3" not in engine.state.loose_user
 
 
 def test_a_loose_interaction_older_than_the_marker_ttl_is_late_and_writes_no_marker() -> None:

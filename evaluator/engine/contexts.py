@@ -56,7 +56,7 @@ def loose_join(
     loose_of: list[tuple[str, PendingInteraction]] = []
     users = state.users
     for uid in [uid for uid in codes if (u := users.get(uid)) is not None and u.loose]:
-        waiting = sorted(users[uid].loose)  # the user has open requests
+        waiting = sorted(users[uid].loose.values())  # the user has open requests
         if spans is not None:
             lo, hi = int(spans[0][codes[uid]]), int(spans[1][codes[uid]])
             waiting = [it for it in waiting if lo <= it.timestamp_ms <= hi]

@@ -18,7 +18,7 @@ random seed (field ``k:``; the event ids' with the seed xor :data:`SEEN_SALT`, s
 the two kinds of hash are independent),
 so nobody can choose ids that collide; by chance two of 10 million live ids collide
 with a probability of about 1 in 370,000, and such a collision counts one new
-request (or one new request-less interaction) as a duplicate.
+request (or one new interaction) as a duplicate.
 
 In memory the hashes and their deadlines are :class:`~evaluator.engine.hashruns.HashRuns`:
 sorted runs in three levels, looked up a batch at a time at a cost that does not grow
@@ -101,9 +101,9 @@ class Markers:
     final: HashRuns = field(default_factory=HashRuns)
     """Finalised requests' hashes -> their deadlines."""
     applied: HashRuns = field(default_factory=HashRuns)
-    """Hashes of (request, event, deadline) of the interactions applied or counted late,
-    with their markers' deadlines, and of the event ids of request-less interactions
-    taken, expired or late, with their own times."""
+    """Hashes of the event ids of the interactions applied or counted late, with their
+    requests' deadlines, and of request-less interactions taken, expired or late, with
+    their own times (and older versions' (request, event, deadline) hashes)."""
     before_ms: int | None = None
     """Markers whose deadline is before this have expired (field ``m:``)."""
     new_final: Pending = field(default_factory=Pending)

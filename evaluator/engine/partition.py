@@ -201,21 +201,21 @@ class PartitionEngine:
             if eid in named_rid or seen[n] or eid in marking or eid in loose_user:
                 counts.duplicates += 1
                 continue
-            if grade > 0:  # the histories change after the loop: nothing here reads them
-                relevant.append((it.user_id, eid, ts))
+            marking.add(eid)  # its id reused later in the batch is a duplicate
             named = it.request_id
+            if named and marked[named] is not None and not late.count(n):
+                counts.duplicates += 1  # applied before (marked by an older version)
+                continue
+            if grade > 0:  # first seen, applied or late, as in replay's histories (they
+                relevant.append((it.user_id, eid, ts))  # change after the loop)
             if named:
                 if marked[named] is None:
                     state.add_named(
                         named, PendingInteraction(eid, it.item_id, ts, grade), is_open[named]
                     )
-                elif late.count(n):
-                    counts.late += 1
-                    marking.add(eid)  # its id reused later in the batch is a duplicate
                 else:
-                    counts.duplicates += 1
+                    counts.late += 1
             elif ts < loose_late_before:
-                marking.add(eid)
                 late_ids.append(eid)
                 late_ms.append(ts)
                 counts.late += 1

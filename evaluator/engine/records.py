@@ -23,9 +23,9 @@ EMPTY: tuple[str, ...] = ()
 class UserState:
     """One user's part of the join state."""
 
-    loose: list[PendingInteraction] = field(default_factory=list)
-    """Request-less interactions, in the order they came (their event ids are
-    :attr:`~evaluator.engine.state.PartitionState.loose_user`'s keys)."""
+    loose: dict[str, PendingInteraction] = field(default_factory=dict)
+    """Request-less interactions by event id (each also in
+    :attr:`~evaluator.engine.state.PartitionState.loose_user`)."""
     history: list[tuple[int, str]] = field(default_factory=list)
     """The earliest relevant interactions, sorted (time, event id), at most the cap."""
     active_ms: int = 0

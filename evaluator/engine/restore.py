@@ -59,7 +59,7 @@ def restore_state(
             state.next_interaction_segment = max(state.next_interaction_segment, int(key) + 1)
         elif kind == "l":
             uid, item, ts, grade = _decode(raw)
-            state.user(uid).loose.append(PendingInteraction(key, item, ts, grade))
+            state.user(uid).loose[key] = PendingInteraction(key, item, ts, grade)
             state.loose_user[key] = uid
             state.loose_expiry.append((ts, uid, key))
         elif kind in "hau":

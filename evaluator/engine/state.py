@@ -200,7 +200,7 @@ class PartitionState:
 
     def add_loose(self, user_id: str, it: PendingInteraction) -> None:
         """Hold a request-less interaction (none held with its event id)."""
-        self.user(user_id).loose.append(it)
+        self.user(user_id).loose[it.event_id] = it
         self.loose_user[it.event_id] = user_id
         heapq.heappush(self.loose_expiry, (it.timestamp_ms, user_id, it.event_id))
         self.create("l:" + it.event_id, _encode((user_id, it.item_id, it.timestamp_ms, it.grade)))
@@ -349,22 +349,18 @@ class PartitionState:
         self.mark_seen([it.event_id for it in gone], [it.timestamp_ms for it in gone])
 
     def _forget_loose(self, pairs: Sequence[tuple[str, str]]) -> list[bool]:
-        """Drop loose interactions (user id, event id); whether each was held. Each
-        user's list is rewritten once, however many of theirs go."""
-        owner = self.loose_user
+        """Drop loose interactions (user id, event id); whether each was held."""
+        owner, users = self.loose_user, self.users
         held: list[bool] = []
-        gone: dict[str, set[str]] = {}
         for user_id, event_id in pairs:
             kept = owner.get(event_id) == user_id
             if kept:
                 del owner[event_id]
-                gone.setdefault(user_id, set()).add(event_id)
+                user = users[user_id]
+                del user.loose[event_id]
                 self.delete("l:" + event_id)
+                self._drop_if_empty(user_id, user)
             held.append(kept)
-        for user_id, eids in gone.items():
-            user = self.users[user_id]
-            user.loose = [it for it in user.loose if it.event_id not in eids]
-            self._drop_if_empty(user_id, user)
         return held
 
     def drop_history_before(self, before_ms: int) -> None:
