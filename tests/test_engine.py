@@ -15,6 +15,7 @@ import pytest
 from evaluator.app.replay import evaluate_files
 from evaluator.config import load_settings
 from evaluator.core.decode import decode_impressions, decode_interactions
+from evaluator.core.due import PendingInteraction
 from evaluator.core.finalise import Finalised
 from evaluator.engine import columns
 from evaluator.engine.markers import NONE_MS, Markers
@@ -980,6 +981,29 @@ def test_a_request_less_interaction_counts_once_even_for_a_late_impression() -> 
     assert not [name for name in changelog if name.startswith("x:")]
     step(engine, [click("L", t + 10 * minute, "x")], settings)
     assert engine.counts.duplicates == 1
+
+
+def test_a_request_less_interaction_held_again_expires_at_its_own_time() -> None:
+    """An id taken without a marker (its time already past the markers' bound, with
+    ``finalised_ttl`` under the join horizon) and held again at a later time is
+    expired by its own time, not by the entry its first holding left: as a state
+    restored from the changelog, which knows only the second, expires it."""
+    state = PartitionState(history_cap=3)
+    state.markers.expire(200)
+    first = PendingInteraction("L", "x", 100, 1.0)
+    state.add_loose("u", first)
+    state.take_loose([("u", first)])
+    assert state.were_seen(["L"]) == [False]  # no marker: older than the bound
+    state.add_loose("u", PendingInteraction("L", "x", 500, 1.0))
+    changelog: dict[str, bytes] = {}
+    apply_changes(changelog, state.flush())
+    state.expire(loose_before_ms=101, markers_before_ms=200)
+    assert state.loose_user == {"L": "u"} and "l:L" not in state.changes  # no deletion
+    restored = restore_state(changelog.items(), lambda t: t, 3)
+    assert restored.loose_user == state.loose_user
+    assert restored.users["u"].loose == state.users["u"].loose
+    state.expire(loose_before_ms=501, markers_before_ms=200)
+    assert state.loose_user == {} and state.were_seen(["L"]) == [True]
 
 
 def test_a_batch_of_histories_is_each_users_earliest_and_latest_day() -> None:

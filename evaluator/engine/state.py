@@ -316,9 +316,13 @@ class PartitionState:
         """Drop loose interactions older than ``loose_before_ms`` (they can join nothing
         open; remembered as seen so a redelivery is a duplicate) and markers older than
         ``markers_before_ms``."""
-        heap, popped = self.loose_expiry, []
+        heap, popped, users, owner = self.loose_expiry, [], self.users, self.loose_user
         while heap and heap[0][0] < loose_before_ms:
-            popped.append(heapq.heappop(heap))
+            t, uid, eid = entry = heapq.heappop(heap)
+            # the interaction this entry was pushed for (the id may have been taken, and
+            # held again at another time: its own entry expires it, as a restored one)
+            if owner.get(eid) == uid and users[uid].loose[eid].timestamp_ms == t:
+                popped.append(entry)
         held = self._forget_loose([(uid, eid) for _, uid, eid in popped])
         gone = [entry for entry, kept in zip(popped, held, strict=True) if kept]
         self.mark_seen([eid for _, _, eid in gone], [t for t, _, _ in gone])
