@@ -316,16 +316,16 @@ class PartitionState:
         """Drop loose interactions older than ``loose_before_ms`` (they can join nothing
         open; remembered as seen so a redelivery is a duplicate) and markers older than
         ``markers_before_ms``."""
-        heap, popped, users, owner = self.loose_expiry, [], self.users, self.loose_user
+        heap, eids, times, users = self.loose_expiry, [], [], self.users
         while heap and heap[0][0] < loose_before_ms:
-            t, uid, eid = entry = heapq.heappop(heap)
+            t, uid, eid = heapq.heappop(heap)
             # the interaction this entry was pushed for (the id may have been taken, and
             # held again at another time: its own entry expires it, as a restored one)
-            if owner.get(eid) == uid and users[uid].loose[eid].timestamp_ms == t:
-                popped.append(entry)
-        held = self._forget_loose([(uid, eid) for _, uid, eid in popped])
-        gone = [entry for entry, kept in zip(popped, held, strict=True) if kept]
-        self.mark_seen([eid for _, _, eid in gone], [t for t, _, _ in gone])
+            held = self.loose_user.get(eid) == uid and users[uid].loose[eid].timestamp_ms == t
+            if held and self._forget_loose(uid, eid):
+                eids.append(eid)
+                times.append(t)
+        self.mark_seen(eids, times)
         named = self.expiry
         while named and named[0][0] < markers_before_ms:
             self._expire_named(heapq.heappop(named)[1])
@@ -348,24 +348,19 @@ class PartitionState:
         """Request-less interactions (user id, interaction) attributed to a finalised
         request: they join no other (remembered as seen, so a redelivery is a
         duplicate)."""
-        held = self._forget_loose([(uid, it.event_id) for uid, it in taken])
-        gone = [it for (_, it), kept in zip(taken, held, strict=True) if kept]
+        gone = [it for uid, it in taken if self._forget_loose(uid, it.event_id)]
         self.mark_seen([it.event_id for it in gone], [it.timestamp_ms for it in gone])
 
-    def _forget_loose(self, pairs: Sequence[tuple[str, str]]) -> list[bool]:
-        """Drop loose interactions (user id, event id); whether each was held."""
-        owner, users = self.loose_user, self.users
-        held: list[bool] = []
-        for user_id, event_id in pairs:
-            kept = owner.get(event_id) == user_id
-            if kept:
-                del owner[event_id]
-                user = users[user_id]
-                del user.loose[event_id]
-                self.delete("l:" + event_id)
-                self._drop_if_empty(user_id, user)
-            held.append(kept)
-        return held
+    def _forget_loose(self, user_id: str, event_id: str) -> bool:
+        """Drop a loose interaction (False: not held, or held for another user)."""
+        if self.loose_user.get(event_id) != user_id:
+            return False
+        del self.loose_user[event_id]
+        user = self.users[user_id]
+        del user.loose[event_id]
+        self.delete("l:" + event_id)
+        self._drop_if_empty(user_id, user)
+        return True
 
     def drop_history_before(self, before_ms: int) -> None:
         """Forget the histories of users with no relevant interaction since
